@@ -1,0 +1,1 @@
+"""radixserve: frontend_lang package."""

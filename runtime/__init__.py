@@ -1,0 +1,1 @@
+"""radixserve runtime: models, KV pool, scheduler, sampler, tokenizer and the Engine API."""

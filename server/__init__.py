@@ -1,0 +1,1 @@
+"""radixserve: server package."""
