@@ -1,1 +1,26 @@
-"""radixserve: kernels package."""
+"""kernels: attention over a ragged batch and the paged KV pool.
+
+One interface, two backends: `torch` (the reference and the CPU default) and `triton`. Imports
+nothing else from the project (see DESIGN.md).
+"""
+
+from kernels.metadata import AttentionMetadata
+from kernels.torch_attention import TorchAttentionBackend
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+def get_attention_backend(name: str = "auto", device: str = "cpu") -> object:
+    """`auto` picks triton on CUDA and torch on the CPU."""
+    if name not in BACKENDS:
+        raise ValueError(f"attention_backend must be one of {BACKENDS}, got {name!r}")
+    if name == "auto":
+        name = "triton" if device.startswith("cuda") else "torch"
+    if name == "torch":
+        return TorchAttentionBackend()
+    from kernels.triton_attention import TritonAttentionBackend
+
+    return TritonAttentionBackend()
+
+
+__all__ = ["AttentionMetadata", "BACKENDS", "TorchAttentionBackend", "get_attention_backend"]

@@ -1,0 +1,96 @@
+"""The torch attention backend: the reference, and the CPU default.
+
+Extend requests attend causally over their cached prefix plus their own new tokens, one
+`scaled_dot_product_attention` call each (a handful per batch; the loop is over requests, never
+tokens). Decode requests are done together: their KV is gathered into a padded
+[B, kv_heads, L, head_dim] block with a length mask. A sliding window is only a narrower mask,
+and for decode a narrower gather (just the last `window` slots).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.metadata import AttentionMetadata
+
+
+class TorchAttentionBackend:
+    name = "torch"
+
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 meta: AttentionMetadata) -> None:
+        k_cache[meta.out_slots] = k
+        v_cache[meta.out_slots] = v
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                window: int | None = None) -> torch.Tensor:
+        """q: [T, H, D]; k, v: [T, KVH, D] (new tokens); caches: [S, KVH, D]. Returns [T, H, D]."""
+        self.store_kv(k, v, k_cache, v_cache, meta)
+        out = torch.empty_like(q)
+        n_ext = meta.num_extend_tokens
+        if meta.num_extend_reqs:
+            self._extend(q[:n_ext], k_cache, v_cache, meta, scale, window, out[:n_ext])
+        if meta.num_decode_reqs:
+            out[n_ext:] = self._decode(q[n_ext:], k_cache, v_cache, meta, scale, window)
+        return out
+
+    def _extend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                scale: float, window: int | None, out: torch.Tensor) -> None:
+        start = 0
+        for i in range(meta.num_extend_reqs):
+            prefix, n = meta.prefix_lens[i], meta.extend_lens[i]
+            slots = meta.slot_table[i, : prefix + n]
+            qi = q[start : start + n].transpose(0, 1)  # [H, n, D]
+            ki = k_cache[slots].transpose(0, 1)  # [KVH, prefix + n, D]
+            vi = v_cache[slots].transpose(0, 1)
+            mask = _extend_mask(meta, i, prefix, n, window)
+            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, is_causal=mask is None,
+                                                scale=scale, enable_gqa=qi.shape[0] != ki.shape[0])
+            out[start : start + n] = oi.transpose(0, 1)
+            start += n
+
+    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                scale: float, window: int | None) -> torch.Tensor:
+        table, mask = _decode_table(meta, window)
+        k = k_cache[table].transpose(1, 2)  # [B, KVH, L, D]
+        v = v_cache[table].transpose(1, 2)
+        qd = q.unsqueeze(2)  # [B, H, 1, D]
+        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=mask, scale=scale,
+                                           enable_gqa=qd.shape[1] != k.shape[1])
+        return o.squeeze(2)
+
+
+def _extend_mask(meta: AttentionMetadata, i: int, prefix: int, n: int, window: int | None) -> torch.Tensor | None:
+    """Boolean [n, prefix + n] mask (True = attend), or None for plain causal attention."""
+    if prefix == 0 and (window is None or window >= n):
+        return None
+    key = ("extend", i, window)
+    mask = meta.cache.get(key)
+    if mask is None:
+        q_pos = torch.arange(prefix, prefix + n)[:, None]
+        k_pos = torch.arange(prefix + n)[None, :]
+        mask = k_pos <= q_pos
+        if window is not None:
+            mask &= k_pos > q_pos - window
+        meta.cache[key] = mask
+    return mask  # type: ignore[return-value]
+
+
+def _decode_table(meta: AttentionMetadata, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded slot table [B, L] of the decode requests and its mask [B, 1, 1, L]."""
+    key = ("decode", window)
+    cached = meta.cache.get(key)
+    if cached is None:
+        first = meta.num_extend_reqs
+        lens = torch.tensor(meta.seq_lens[first:], dtype=torch.int64)
+        max_len = int(lens.max())
+        span = max_len if window is None else min(window, max_len)
+        # Column j holds position (len - span + j); negative positions are padding.
+        cols = torch.arange(span, dtype=torch.int64)[None, :] + (lens[:, None] - span)
+        valid = cols >= 0
+        table = meta.slot_table[first:].gather(1, cols.clamp(min=0))
+        cached = (table, valid[:, None, None, :])
+        meta.cache[key] = cached
+    return cached  # type: ignore[return-value]

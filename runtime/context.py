@@ -1,0 +1,43 @@
+"""The forward context: what every attention layer needs for the current step, set once by the runner.
+
+It travels beside the model call instead of through every layer's signature (as in nano-vllm).
+Thread-local, so two engines in one process never see each other's step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from kernels import AttentionMetadata
+
+
+@dataclass
+class ForwardContext:
+    meta: AttentionMetadata
+    k_caches: list[torch.Tensor]  # per layer [num_slots, kv_heads, head_dim]
+    v_caches: list[torch.Tensor]
+    backend: object  # a kernels attention backend
+
+
+_local = threading.local()
+
+
+def get_context() -> ForwardContext:
+    ctx = getattr(_local, "ctx", None)
+    if ctx is None:
+        raise RuntimeError("no forward context: models run only inside ModelRunner.forward")
+    return ctx
+
+
+@contextmanager
+def forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
+    _local.ctx = ctx
+    try:
+        yield ctx
+    finally:
+        _local.ctx = None

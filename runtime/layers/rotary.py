@@ -1,0 +1,63 @@
+"""Rotary position embeddings (the rotate-half form used by Hugging Face checkpoints).
+
+Inverse frequencies for the scaled variants (linear, dynamic, yarn, longrope, llama3) come from
+`transformers.modeling_rope_utils`, so every variant matches the reference exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rope_inv_freq(config: object, layer_type: str | None = None) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies, attention scaling) for `config`, per layer type where it has several."""
+    # Models are built under a "meta" device context; these buffers must be real.
+    with torch.device("cpu"):
+        return _rope_inv_freq(config, layer_type)
+
+
+def _rope_inv_freq(config: object, layer_type: str | None) -> tuple[torch.Tensor, float]:
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = getattr(config, "rope_parameters", None) or {}
+    if layer_type is not None and layer_type in params:
+        params = params[layer_type]
+    rope_type = params.get("rope_type", "default")
+    if rope_type != "default":
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", layer_type=layer_type)
+        return inv_freq.float(), float(scaling)
+    base = float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    dim = int(head_dim * params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)))
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
+    return inv_freq, 1.0
+
+
+class RotaryEmbedding:
+    """Computes cos/sin for a step's positions once; every layer of that RoPE type reuses them."""
+
+    def __init__(self, inv_freq: torch.Tensor, scaling: float = 1.0) -> None:
+        self.inv_freq = inv_freq
+        self.scaling = scaling
+        self.rot_dim = 2 * inv_freq.numel()
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim]; cos, sin: [T, rot_dim] (rot_dim <= head_dim)."""
+    rot_dim = cos.shape[-1]
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    if rot_dim < x.shape[-1]:
+        x_rot, x_pass = x[..., :rot_dim], x[..., rot_dim:]
+        return torch.cat((_rotate(x_rot, cos, sin), x_pass), dim=-1)
+    return _rotate(x, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,27 @@
+"""Model families in plain torch, one file each, and the registry that picks one from a config."""
+
+from __future__ import annotations
+
+import importlib
+
+from torch import nn
+
+# Hugging Face architecture name -> (module, class).
+ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("runtime.models.llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("runtime.models.llama", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": ("runtime.models.llama", "LlamaForCausalLM"),
+    "Qwen3ForCausalLM": ("runtime.models.qwen3", "Qwen3ForCausalLM"),
+    "Gemma3ForCausalLM": ("runtime.models.gemma3", "Gemma3ForCausalLM"),
+}
+
+
+def model_class(config: object) -> type[nn.Module]:
+    names = list(getattr(config, "architectures", None) or [])
+    for name in names:
+        if name in ARCHITECTURES:
+            module, cls = ARCHITECTURES[name]
+            return getattr(importlib.import_module(module), cls)
+    raise ValueError(
+        f"unsupported architecture {names or '(none in config.json)'}; supported: {sorted(ARCHITECTURES)}"
+    )

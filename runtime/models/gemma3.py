@@ -1,0 +1,100 @@
+"""Gemma 3 (text): sliding-window local layers with their own RoPE base, QK-norm, four norms per
+layer, embeddings scaled by sqrt(hidden_size), a GeLU-tanh gated MLP and tied output weights."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from runtime.layers.attention import PagedAttention
+from runtime.layers.norm import RMSNorm
+from runtime.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
+from runtime.models.llama import GatedMLP, head_dim_of, layer_window
+from runtime.models.weights import fused_linear, load_into
+
+
+class Gemma3Attention(nn.Module):
+    def __init__(self, config: object, layer_id: int) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = head_dim_of(config)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.sizes = [q_size, kv_size, kv_size]
+        bias = bool(getattr(config, "attention_bias", False))
+        self.qkv_proj = fused_linear(config.hidden_size, self.sizes, bias=bias)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, unit_offset=True)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, unit_offset=True)
+        self.is_sliding = config.layer_types[layer_id] == "sliding_attention"
+        self.attn = PagedAttention(layer_id, self.num_heads, self.num_kv_heads, self.head_dim,
+                                   config.query_pre_attn_scalar**-0.5, layer_window(config, layer_id))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))
+        k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, config: object, layer_id: int) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.self_attn = Gemma3Attention(config, layer_id)
+        self.mlp = GatedMLP(hidden, config.intermediate_size, config.hidden_activation)
+        self.input_layernorm = RMSNorm(hidden, eps, unit_offset=True)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, unit_offset=True)
+        self.pre_feedforward_layernorm = RMSNorm(hidden, eps, unit_offset=True)
+        self.post_feedforward_layernorm = RMSNorm(hidden, eps, unit_offset=True)
+
+    def forward(self, x: torch.Tensor, rope: dict[bool, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        cos, sin = rope[self.self_attn.is_sliding]
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+
+class Gemma3Model(nn.Module):
+    def __init__(self, config: object) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Gemma3DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset=True)
+
+
+class Gemma3ForCausalLM(nn.Module):
+    def __init__(self, config: object) -> None:
+        super().__init__()
+        if getattr(config, "attn_logit_softcapping", None):
+            raise ValueError("Gemma 3 checkpoints with attn_logit_softcapping are not supported")
+        self.config = config
+        self.model = Gemma3Model(config)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
+        self.lm_head = None if self.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
+        self.rotary = {
+            True: RotaryEmbedding(*rope_inv_freq(config, "sliding_attention")),
+            False: RotaryEmbedding(*rope_inv_freq(config, "full_attention")),
+        }
+        self.embed_scale = config.hidden_size**0.5
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        embed = self.model.embed_tokens(input_ids)
+        x = embed * torch.tensor(self.embed_scale, dtype=embed.dtype)
+        rope = {sliding: r.cos_sin(positions, x.dtype) for sliding, r in self.rotary.items()}
+        for layer in self.model.layers:
+            x = layer(x, rope)
+        return self.model.norm(x)
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        # Multimodal Gemma 3 checkpoints prefix the text model; the text-only class does not.
+        renamed = ((n.replace("language_model.model.", "model."), t) for n, t in weights)
+        load_into(self, renamed, skip=("lm_head.weight",) if self.tie_word_embeddings else ())

@@ -1,0 +1,128 @@
+"""Llama-family decoders: Llama, Mistral and Qwen2 (GQA, RoPE with its scaling variants, optional
+attention bias, optional sliding window). Qwen3 reuses these pieces with QK-norm (qwen3.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from runtime.layers.activation import gated_activation
+from runtime.layers.attention import PagedAttention
+from runtime.layers.norm import RMSNorm
+from runtime.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
+from runtime.models.weights import fused_linear, load_into
+
+
+def head_dim_of(config: object) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def layer_window(config: object, layer_id: int) -> int | None:
+    """The sliding window of a layer, or None for full attention."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return window if layer_types[layer_id] == "sliding_attention" else None
+    if getattr(config, "model_type", "") == "mistral":
+        return window
+    return None
+
+
+class LlamaAttention(nn.Module):
+    qkv_bias_default = False
+    o_bias_default = False
+
+    def __init__(self, config: object, layer_id: int, qk_norm: bool = False) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = head_dim_of(config)
+        bias = getattr(config, "attention_bias", self.qkv_bias_default)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = fused_linear(config.hidden_size, [q_size, kv_size, kv_size], bias=bias or self.qkv_bias_default)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=bias and not self.qkv_bias_default)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.attn = PagedAttention(layer_id, self.num_heads, self.num_kv_heads, self.head_dim,
+                                   self.head_dim**-0.5, layer_window(config, layer_id))
+        self.sizes = [q_size, kv_size, kv_size]
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class Qwen2Attention(LlamaAttention):
+    qkv_bias_default = True  # Qwen2 always has q/k/v biases and never an o_proj bias
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, activation: str, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_up_proj = fused_linear(hidden_size, [intermediate_size, intermediate_size], bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.act = gated_activation(activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: object, layer_id: int, attention_cls: type[LlamaAttention], qk_norm: bool) -> None:
+        super().__init__()
+        self.self_attn = attention_cls(config, layer_id, qk_norm=qk_norm)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
+                            bias=getattr(config, "mlp_bias", False))
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: object, attention_cls: type[LlamaAttention], qk_norm: bool) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, attention_cls, qk_norm) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Also serves MistralForCausalLM and Qwen2ForCausalLM."""
+
+    qk_norm = False
+
+    def __init__(self, config: object) -> None:
+        super().__init__()
+        self.config = config
+        attention_cls = Qwen2Attention if config.model_type == "qwen2" else LlamaAttention
+        self.model = LlamaModel(config, attention_cls, self.qk_norm)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = None if self.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(*rope_inv_freq(config))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+        return self.model.norm(x)
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        load_into(self, weights, skip=("lm_head.weight",) if self.tie_word_embeddings else ())

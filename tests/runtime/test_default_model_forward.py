@@ -1,0 +1,40 @@
+"""The real default model (Gemma 3 270M) through our model code: it answers, and matches transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.default_model import ensure_default_model
+from runtime.forward_batch import BatchEntry, ForwardBatch
+from runtime.model_runner import ModelRunner, RunnerConfig
+
+FEW_SHOT = "Q: What is the capital of Germany?\nA: Berlin\nQ: What is the capital of France?\nA:"
+
+
+@pytest.mark.slow
+def test_default_model_says_paris_and_matches_transformers() -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = ensure_default_model()
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    ids = tok(FEW_SHOT).input_ids
+    assert ids[0] == 2  # Gemma needs BOS first
+    runner = ModelRunner(RunnerConfig(folder, dtype="float32", num_slots=256, max_requests=2, max_context=256))
+    row = runner.table.alloc_row()
+    runner.table.write(row, 0, torch.arange(64))
+    out: list[int] = []
+    tokens, prefix = list(ids), 0
+    logits0 = None
+    for _ in range(3):
+        logits = runner.forward(ForwardBatch.build([BatchEntry(row, prefix, tokens[prefix:], logits_from=0)],
+                                                   runner.table))
+        logits0 = logits if logits0 is None else logits0
+        prefix = len(tokens)
+        tokens.append(int(logits[-1].argmax()))
+        out.append(tokens[-1])
+    assert tok.decode(out).startswith(" Paris")
+    ref = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0]
+    assert (logits0 - want).abs().max() < 1e-3

@@ -1,0 +1,55 @@
+"""Tiny random Hugging Face checkpoints for every supported family, built and saved in the test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tests.tiny_tokenizer import VOCAB_SIZE
+
+COMMON = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+
+
+def tiny_config(family: str):  # noqa: ANN201 - a transformers config
+    from transformers import (Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config)
+
+    if family == "llama":
+        return LlamaConfig(**COMMON, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+                           tie_word_embeddings=False)
+    if family == "mistral":
+        return MistralConfig(**COMMON, sliding_window=8, head_dim=16)
+    if family == "qwen2":
+        return Qwen2Config(**COMMON, tie_word_embeddings=True)
+    if family == "qwen3":
+        return Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=False)
+    if family == "gemma3":
+        return Gemma3TextConfig(**{**COMMON, "num_hidden_layers": 4}, head_dim=32, sliding_window=6,
+                                layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                                             "sliding_attention"],
+                                query_pre_attn_scalar=24, rope_local_base_freq=100.0, rope_theta=10000.0)
+    raise ValueError(family)
+
+
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3"]
+
+
+def save_tiny_model(family: str, folder: Path, seed: int = 0) -> Path:
+    """Save a random model (fp32) and a small tokenizer fit for it."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_config(family)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Random init leaves norms at 1 / 0; perturb them so the parity test sees them.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn_like(param) * 0.1)
+    model.save_pretrained(str(folder))
+    from tests.tiny_tokenizer import save_tiny_tokenizer  # noqa: PLC0415
+
+    save_tiny_tokenizer(folder, bos=family in ("llama", "mistral", "gemma3"))
+    return folder
