@@ -1,0 +1,276 @@
+"""The Engine: what users call. Tokenizes, validates, submits to the engine loop, and waits or streams.
+
+    with Engine(model="default") as engine:
+        out = engine.generate(["Q: What is the capital of France?\\nA:"],
+                              sampling_params={"max_new_tokens": 8, "temperature": 0})
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
+
+import torch
+
+from radix import NoPrefixCache, RadixCache, SlotAllocator
+from runtime.default_model import resolve_model_path
+from runtime.detokenizer import IncrementalDetokenizer
+from runtime.engine_args import EngineArgs
+from runtime.engine_loop import EngineLoop
+from runtime.kv_manager import KVManager
+from runtime.kv_pool import available_memory_bytes, kv_bytes_per_token
+from runtime.model_runner import ModelRunner, RunnerConfig, resolve_dtype
+from runtime.models.llama import head_dim_of
+from runtime.output import Output
+from runtime.request import Req
+from runtime.sampling_params import SamplingParams
+from runtime.schedule_policy import SchedulePolicy
+from runtime.scheduler import Scheduler
+from runtime.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+ParamsLike = SamplingParams | dict | None
+Sink = Callable[[Output], None]
+MAX_DEFAULT_CONTEXT = 32768
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at `max_queued_requests`; try again later."""
+
+
+class Engine:
+    def __init__(self, args: EngineArgs | None = None, **kwargs: object) -> None:
+        self.args = args if args is not None else EngineArgs(**kwargs)  # type: ignore[arg-type]
+        self.args.validate()
+        if self.args.num_threads:
+            torch.set_num_threads(self.args.num_threads)
+        self.model_path = resolve_model_path(self.args.model)
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(self.model_path))
+        self.model_config = config
+        num_slots, context_len = self._sizes(config)
+        self.tokenizer = Tokenizer(self.model_path, getattr(config, "model_type", ""))
+        page = self.args.page_size
+        self.runner = ModelRunner(RunnerConfig(self.model_path, self.args.dtype, num_slots,
+                                               self.args.max_running_requests, context_len,
+                                               self.args.attention_backend))
+        self.context_len = self.runner.context_len
+        self.allocator = SlotAllocator(num_slots, page)
+        self.cache = RadixCache(self.allocator, page) if self.args.enable_prefix_cache else NoPrefixCache(self.allocator, page)
+        kv = KVManager(self.allocator, self.cache, self.runner.table, self.args.enable_prefix_cache)
+        policy = SchedulePolicy(self.args.schedule_policy, self.cache, self.args.lpm_fallback_queue_len, page)
+        self.scheduler = Scheduler(self.args, kv, policy)
+        self.loop = EngineLoop(self.runner, self.tokenizer, self.scheduler, self.allocator, self.cache, self.context_len)
+        self._seeds = itertools.count(self.args.seed * 1_000_003)
+        self._children: dict[str, list[str]] = {}
+        self._arrivals = itertools.count()
+        self._closed = False
+
+    def _sizes(self, config: object) -> tuple[int, int]:
+        page = self.args.page_size
+        dtype = resolve_dtype(self.args.dtype, config)
+        if self.args.kv_cache_tokens:
+            tokens = self.args.kv_cache_tokens
+        else:
+            per_token = kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads,
+                                           head_dim_of(config), dtype)
+            tokens = int(available_memory_bytes() * self.args.kv_cache_memory_fraction) // per_token
+            tokens = min(tokens, self.args.max_kv_cache_tokens)
+        num_slots = max(tokens // page, 1) * page
+        model_max = int(getattr(config, "max_position_embeddings", MAX_DEFAULT_CONTEXT))
+        context = self.args.context_length or min(model_max, MAX_DEFAULT_CONTEXT)
+        return num_slots, min(context, model_max, num_slots)
+
+    # -- submitting ---------------------------------------------------------------------------------
+
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt must not be empty")
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def submit(self, input_ids: Sequence[int], sampling_params: ParamsLike = None, sink: Sink | None = None,
+               rid: str | None = None, cache_salt: str | None = None, stream: bool = False) -> list[str]:
+        """Queue one prompt (n samples of it); each sample's Outputs go to `sink` on the engine thread.
+
+        Returns the request ids, one per sample. Raises ValueError for bad input.
+        """
+        if self._closed:
+            raise RuntimeError("the engine has been shut down")
+        params = _as_params(sampling_params)
+        ids = self._validate_ids(input_ids)
+        limit = self.args.max_queued_requests
+        if limit is not None and self.loop.stats()["num_waiting"] + params.n > limit:
+            raise QueueFullError(f"the waiting queue is full ({limit} requests)")
+        params = replace(params, max_new_tokens=min(params.max_new_tokens, self.context_len - len(ids)))
+        rid = rid or uuid.uuid4().hex
+        rids = [rid] if params.n == 1 else [f"{rid}.{i}" for i in range(params.n)]
+        if params.n > 1:
+            self._children[rid] = rids
+        for index, child in enumerate(rids):
+            req = self._make_req(child, ids, params, index, sink or (lambda _: None), cache_salt, stream)
+            self.loop.post(lambda req=req: self.loop.add_request(req))
+        return rids
+
+    def _validate_ids(self, input_ids: Sequence[int]) -> list[int]:
+        ids = list(input_ids)
+        if not ids:
+            raise ValueError("input_ids must not be empty")
+        vocab = self.runner.vocab_size
+        for token in ids:
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+                raise ValueError(f"input_ids: token id {token!r} is not in [0, {vocab})")
+        if len(ids) >= self.context_len:
+            raise ValueError(f"the prompt has {len(ids)} tokens; this model's context length is {self.context_len} "
+                             "(prompt plus at least one generated token)")
+        return ids
+
+    def _make_req(self, rid: str, ids: list[int], params: SamplingParams, index: int, sink: Sink,
+                  cache_salt: str | None, stream: bool) -> Req:
+        seed = params.seed + index if params.seed is not None else next(self._seeds)
+        generator = torch.Generator().manual_seed(seed)
+        detok = IncrementalDetokenizer(self.tokenizer, ids, list(params.stop), params.skip_special_tokens)
+        return Req(rid=rid, prompt_ids=ids, params=params, detok=detok, sink=sink, generator=generator,
+                   extra_key=cache_salt, index=index, arrival=next(self._arrivals), stream=stream)
+
+    # -- the user API -------------------------------------------------------------------------------
+
+    def generate(self, prompts: str | Sequence[str] | None = None,
+                 input_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
+                 sampling_params: ParamsLike | Sequence[ParamsLike] = None,
+                 cache_salt: str | None = None) -> list[Output]:
+        """Run a batch to completion. With n > 1, a prompt's n samples follow each other in the result."""
+        batch = self._prompt_batch(prompts, input_ids)
+        params = _per_prompt(sampling_params, len(batch))
+        encoded = [self.encode(p) for p in batch]
+        waiter = _Waiter()
+        keys: list[str] = []
+        for ids, p in zip(encoded, params):
+            keys.extend(self.submit(ids, p, waiter.sink, cache_salt=cache_salt))
+        waiter.expect(keys)
+        return waiter.wait(keys, self.loop)
+
+    async def stream(self, prompt: str | None = None, input_ids: Sequence[int] | None = None,
+                     sampling_params: ParamsLike = None, rid: str | None = None,
+                     cache_salt: str | None = None) -> AsyncIterator[Output]:
+        """Yield Outputs as tokens arrive (`delta_text` is the new text); the last one is finished.
+
+        Leaving the iterator early aborts the request and frees its KV.
+        """
+        params = _as_params(sampling_params)
+        if params.n != 1:
+            raise ValueError("n: stream() takes one sample; use generate() or submit() for n > 1")
+        ids = self.encode(prompt if prompt is not None else input_ids or [])
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue[Output] = asyncio.Queue()
+        (rid,) = self.submit(ids, params, lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out),
+                             rid=rid, cache_salt=cache_salt, stream=True)
+        finished = False
+        try:
+            while not finished:
+                out = await outputs.get()
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                self.abort(rid)
+
+    def abort(self, rid: str) -> None:
+        for child in self._children.pop(rid, [rid]):
+            self.loop.post(lambda child=child: self.loop.abort(child))
+
+    def flush_cache(self) -> bool:
+        result: list[bool] = []
+        done = threading.Event()
+
+        def run() -> None:
+            result.append(self.loop.flush_cache())
+            done.set()
+
+        self.loop.post(run)
+        done.wait(timeout=60)
+        return bool(result and result[0])
+
+    def stats(self) -> dict[str, float]:
+        return self.loop.stats()
+
+    @property
+    def healthy(self) -> bool:
+        return self.loop.dead is None and self.loop._thread.is_alive()
+
+    def shutdown(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.loop.stop()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def _prompt_batch(self, prompts: str | Sequence[str] | None,
+                      input_ids: Sequence[int] | Sequence[Sequence[int]] | None) -> list[str | list[int]]:
+        if (prompts is None) == (input_ids is None):
+            raise ValueError("give exactly one of prompts or input_ids")
+        if prompts is not None:
+            return [prompts] if isinstance(prompts, str) else list(prompts)
+        assert input_ids is not None
+        if input_ids and isinstance(input_ids[0], int):
+            return [list(input_ids)]  # type: ignore[arg-type]
+        return [list(x) for x in input_ids]  # type: ignore[union-attr]
+
+
+class _Waiter:
+    """Collects the final Output of each request id; wakes the caller when all are in."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._results: dict[str, Output] = {}
+        self._expected: set[str] | None = None
+
+    def sink(self, out: Output) -> None:
+        if out.finished:
+            with self._lock:
+                self._results[out.rid] = out
+                if self._expected is not None and self._expected <= self._results.keys():
+                    self._done.set()
+
+    def expect(self, keys: list[str]) -> None:
+        with self._lock:
+            self._expected = set(keys)
+            if self._expected <= self._results.keys():
+                self._done.set()
+
+    def wait(self, keys: list[str], loop: EngineLoop) -> list[Output]:
+        while not self._done.wait(timeout=0.5):
+            if loop.dead is not None:
+                raise RuntimeError(f"the engine loop died: {loop.dead!r}")
+        return [self._results[k] for k in keys]
+
+
+def _as_params(params: ParamsLike) -> SamplingParams:
+    if params is None:
+        return SamplingParams()
+    if isinstance(params, SamplingParams):
+        params.validate()
+        return params
+    if isinstance(params, dict):
+        return SamplingParams.from_dict(params)
+    raise ValueError(f"sampling_params must be a SamplingParams or a dict, got {type(params).__name__}")
+
+
+def _per_prompt(params: ParamsLike | Sequence[ParamsLike], count: int) -> list[ParamsLike]:
+    if isinstance(params, (list, tuple)):
+        if len(params) != count:
+            raise ValueError(f"sampling_params: {len(params)} given for {count} prompts")
+        return list(params)
+    return [params] * count  # type: ignore[list-item]

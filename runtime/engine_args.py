@@ -1,0 +1,48 @@
+"""EngineArgs: every knob of the engine in one dataclass; the server's CLI is generated from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
+
+
+@dataclass
+class EngineArgs:
+    model: str = field(default="default", metadata={"help": "'default' (Gemma 3 270M) or a local Hugging Face folder"})
+    dtype: str = field(default="auto", metadata={"help": "auto (bfloat16 on CPU), float32 or bfloat16"})
+    page_size: int = field(default=1, metadata={"help": "KV slots per page; the prefix cache shares whole pages"})
+    kv_cache_tokens: int | None = field(default=None, metadata={"help": "KV pool size in tokens (default: from --kv-cache-memory-fraction)"})
+    kv_cache_memory_fraction: float = field(default=0.2, metadata={"help": "share of available RAM for the KV pool when --kv-cache-tokens is unset"})
+    max_kv_cache_tokens: int = field(default=262144, metadata={"help": "upper bound on the KV pool size in tokens"})
+    context_length: int | None = field(default=None, metadata={"help": "longest prompt + output (default: the model's, capped at 32768)"})
+    max_running_requests: int = field(default=64, metadata={"help": "requests decoded together at most"})
+    max_queued_requests: int | None = field(default=None, metadata={"help": "bound on waiting requests; past it new ones are refused"})
+    chunked_prefill_size: int = field(default=512, metadata={"help": "prompt tokens of one request computed per step at most"})
+    max_prefill_tokens: int = field(default=2048, metadata={"help": "prompt tokens computed per step at most, all requests together"})
+    schedule_policy: str = field(default="lpm", metadata={"help": "lpm (longest prefix match), dfs-weight or fcfs"})
+    lpm_fallback_queue_len: int = field(default=128, metadata={"help": "past this many waiting requests, lpm falls back to fcfs"})
+    enable_prefix_cache: bool = field(default=True, metadata={"help": "share KV of common prefixes (the radix cache)"})
+    attention_backend: str = field(default="auto", metadata={"help": "auto, torch or triton"})
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
+    seed: int = field(default=0, metadata={"help": "seed for requests that do not set their own"})
+
+    def validate(self) -> None:
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+
+        for name in ("page_size", "max_running_requests", "chunked_prefill_size", "max_prefill_tokens",
+                     "kv_cache_tokens", "context_length", "max_queued_requests", "num_threads", "max_kv_cache_tokens"):
+            positive(name)
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
+        if not 0 < self.kv_cache_memory_fraction < 1:
+            raise ValueError(f"kv_cache_memory_fraction must be in (0, 1), got {self.kv_cache_memory_fraction}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]

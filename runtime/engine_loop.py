@@ -1,0 +1,279 @@
+"""The engine loop: on its own thread, turns scheduler plans into forward steps and results.
+
+Callers talk to it only through `post` (a thread-safe inbox of commands); results leave through
+each request's `sink`. A fault inside one step fails the requests of that step and the loop
+goes on; a fault in the loop itself is recorded in `dead` so health checks fail instead of hang.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+
+import torch
+
+from radix import BasePrefixCache, SlotAllocator
+from runtime.forward_batch import ForwardBatch
+from runtime.model_runner import ModelRunner
+from runtime.output import Logprobs, Output
+from runtime.request import Req, ReqState
+from runtime.sampler import Sampler, prompt_logprobs
+from runtime.scheduler import Scheduler, StepPlan
+from runtime.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+Command = Callable[[], None]
+
+
+class EngineLoop:
+    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, scheduler: Scheduler, allocator: SlotAllocator,
+                 cache: BasePrefixCache, context_len: int) -> None:
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.scheduler = scheduler
+        self.allocator = allocator
+        self.cache = cache
+        self.context_len = context_len
+        self.sampler = Sampler()
+        self.inbox: queue.Queue[Command | None] = queue.Queue()
+        self.requests: dict[str, Req] = {}
+        self.generated_tokens = 0
+        self.steps = 0
+        self.dead: BaseException | None = None
+        self._stats_lock = threading.Lock()
+        self._stats: dict[str, float] = {}
+        # Outputs are delivered after the step's stats are published, so a caller woken by its
+        # final Output already sees the stats that include it.
+        self._outbox: list[tuple[Callable[[Output], None], Output]] = []
+        self._refresh_stats()
+        self._thread = threading.Thread(target=self._run, name="radixserve-engine", daemon=True)
+        self._thread.start()
+
+    # -- the thread ---------------------------------------------------------------------------------
+
+    def post(self, command: Command) -> None:
+        if self.dead is not None:
+            raise RuntimeError(f"the engine loop has stopped: {self.dead!r}")
+        self.inbox.put(command)
+
+    def stop(self) -> None:
+        self.inbox.put(None)
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                block = not self.scheduler.has_work()
+                while True:
+                    try:
+                        command = self.inbox.get(block=block, timeout=None if block else 0)
+                    except queue.Empty:
+                        break
+                    if command is None:
+                        self._abort_all("the engine shut down")
+                        self._deliver()
+                        return
+                    command()
+                    block = False
+                    self._refresh_stats()
+                    self._deliver()
+                if self.scheduler.has_work():
+                    self._step()
+                self._refresh_stats()
+                self._deliver()
+        except BaseException as exc:  # noqa: BLE001 - recorded, then every waiter is told
+            self.dead = exc
+            logger.error("engine loop died:\n%s", traceback.format_exc())
+            self._abort_all(f"the engine loop died: {exc!r}")
+            self._deliver()
+
+    def _deliver(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        for sink, output in outbox:
+            try:
+                sink(output)
+            except Exception:  # noqa: BLE001 - a caller's broken sink must not stop the loop
+                logger.exception("an output sink raised")
+
+    # -- one step -----------------------------------------------------------------------------------
+
+    def _step(self) -> None:
+        plan = self.scheduler.schedule()
+        for req in self.scheduler.failed:
+            self._emit_final(req)
+        if not plan:
+            self._unblock()
+            return
+        try:
+            batch = ForwardBatch.build(plan.entries, self.runner.table)
+            logits = self.runner.forward(batch)
+            self._process(plan, batch, logits)
+        except Exception as exc:  # noqa: BLE001 - one bad step must not take the engine down
+            logger.error("step failed:\n%s", traceback.format_exc())
+            for req in plan.reqs:
+                if req.state is not ReqState.FINISHED:
+                    self._finish(req, "abort", error=f"internal error: {exc!r}")
+        self.steps += 1
+
+    def _unblock(self) -> None:
+        """Nothing could be scheduled. With nothing running, the head of the queue can never fit."""
+        if not self.scheduler.running and self.scheduler.waiting:
+            req = self.scheduler.waiting[0]
+            self._finish(req, "abort", error="the KV cache is too small for this request")
+        else:
+            time.sleep(0.001)
+
+    def _process(self, plan: StepPlan, batch: ForwardBatch, logits: torch.Tensor) -> None:
+        to_sample: list[tuple[Req, int]] = []
+        for pos, original in enumerate(batch.order):
+            req, entry = plan.reqs[original], plan.entries[original]
+            start, count = batch.logit_starts[pos], batch.logit_counts[pos]
+            if entry.logits_from is not None:
+                self._prompt_logprobs(req, entry.prefix_len + len(entry.token_ids) - count,
+                                      logits[start : start + count])
+            req.kv_len += len(entry.token_ids)
+            if req.kv_len >= len(req.prompt_ids) and req.logprobs is not None:
+                req.prompt_logprobs_done = True
+            if req.pending == 0:
+                to_sample.append((req, start + count - 1))
+        if not to_sample:
+            return
+        rows = torch.tensor([row for _, row in to_sample], dtype=torch.int64)
+        reqs = [req for req, _ in to_sample]
+        finished_prefill = [r for r in reqs if not r.output_ids]
+        generating = [i for i, r in enumerate(reqs) if r.params.max_new_tokens > 0]
+        if generating:
+            self._sample(reqs, rows, generating, logits)
+        for req in reqs:
+            if req.params.max_new_tokens == 0:
+                self._finish(req, "length")  # prefill only (e.g. warming a shared prefix)
+            elif req.state is ReqState.RUNNING and req in finished_prefill:
+                self.scheduler.kv.cache_unfinished(req)
+
+    def _sample(self, reqs: list[Req], rows: torch.Tensor, generating: list[int], logits: torch.Tensor) -> None:
+        result = self.sampler.sample(
+            logits[rows[generating]], [reqs[i].params for i in generating],
+            [(reqs[i].prompt_ids, reqs[i].output_ids) for i in generating],
+            [reqs[i].generator for i in generating])
+        for j, i in enumerate(generating):
+            self._append(reqs[i], result.token_ids[j], result.logprobs[j], result.top_logprobs[j])
+
+    def _prompt_logprobs(self, req: Req, first_pos: int, rows: torch.Tensor) -> None:
+        """rows[j] are the logits at position first_pos + j; they score prompt token first_pos + j + 1."""
+        assert req.logprobs is not None
+        prompt = req.prompt_ids
+        start = req.params.logprob_start_len
+        lp = req.logprobs
+        if start == 0 and not lp.input_token_logprobs:
+            lp.input_token_logprobs.append((None, prompt[0]))
+            lp.input_top_logprobs.append(None)
+        positions = [first_pos + j for j in range(len(rows))]
+        keep = [j for j, q in enumerate(positions) if start <= q + 1 < len(prompt)]
+        if not keep:
+            return
+        targets = [prompt[positions[j] + 1] for j in keep]
+        chosen, tops = prompt_logprobs(rows[keep], targets, req.params.top_logprobs_num)
+        lp.input_token_logprobs.extend(zip(chosen, targets))
+        lp.input_top_logprobs.extend(tops if tops else [None] * len(keep))
+
+    def _append(self, req: Req, token: int, logprob: float | None, top: list | None) -> None:
+        req.output_ids.append(token)
+        self.generated_tokens += 1
+        if req.params.return_logprob:
+            assert logprob is not None
+            if req.logprobs is None:
+                req.logprobs = Logprobs()
+            req.logprobs.output_token_logprobs.append((logprob, token))
+            if top is not None:
+                req.logprobs.output_top_logprobs.append(top)
+        params = req.params
+        if (not params.ignore_eos and token in self.tokenizer.eos_token_ids) or token in params.stop_token_ids:
+            req.matched_stop = token
+            self._finish(req, "stop")
+            return
+        if req.detok.add(token):
+            req.matched_stop = req.detok.matched_stop
+            self._finish(req, "stop")
+            return
+        if len(req.output_ids) >= params.max_new_tokens or req.seq_len >= self.context_len:
+            self._finish(req, "length")
+            return
+        if req.stream:
+            delta = req.detok.take_delta(final=False)
+            self._outbox.append((req.sink, req.snapshot(delta)))
+
+    # -- finishing ----------------------------------------------------------------------------------
+
+    def _finish(self, req: Req, reason: str, error: str | None = None) -> None:
+        if req.state is ReqState.FINISHED:
+            return
+        req.finish_reason = reason
+        req.error = error
+        self.scheduler.remove(req)
+        self._emit_final(req)
+
+    def _emit_final(self, req: Req) -> None:
+        if req.matched_stop is None or isinstance(req.matched_stop, int):
+            req.detok.flush()
+        delta = req.detok.take_delta(final=True)
+        self.requests.pop(req.rid, None)
+        self._outbox.append((req.sink, req.snapshot(delta)))
+
+    def _abort_all(self, message: str) -> None:
+        for req in list(self.requests.values()):
+            if req.state is not ReqState.FINISHED:
+                req.error = message
+                req.finish_reason = "abort"
+                req.state = ReqState.FINISHED
+                self._emit_final(req)
+
+    # -- commands (run on the loop thread) ----------------------------------------------------------
+
+    def add_request(self, req: Req) -> None:
+        self.requests[req.rid] = req
+        self.scheduler.add(req)
+
+    def abort(self, rid: str) -> None:
+        req = self.requests.get(rid)
+        if req is not None:
+            self._finish(req, "abort")
+
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix nobody is using; a full reset when nothing runs."""
+        if self.scheduler.has_work():
+            self.cache.evict(self.allocator.num_slots)
+            return False
+        self.cache.reset()
+        return True
+
+    # -- stats --------------------------------------------------------------------------------------
+
+    def _refresh_stats(self) -> None:
+        sched = self.scheduler
+        counters = sched.counters
+        in_use = sum(r.allocated - r.locked_len for r in sched.running)
+        stats = {
+            "num_running": len(sched.running),
+            "num_waiting": len(sched.waiting),
+            "prompt_tokens_total": counters.prompt_tokens,
+            "cached_tokens_total": counters.cached_tokens,
+            "computed_prompt_tokens_total": counters.computed_prompt_tokens,
+            "generated_tokens_total": self.generated_tokens,
+            "cache_hit_rate": counters.cached_tokens / counters.prompt_tokens if counters.prompt_tokens else 0.0,
+            "slots_free": self.allocator.available(),
+            "slots_cached": self.cache.total_size(),
+            "slots_in_use": in_use,
+            "slots_total": self.allocator.num_slots,
+            "retractions_total": counters.retractions,
+            "steps_total": self.steps,
+        }
+        with self._stats_lock:
+            self._stats = stats
+
+    def stats(self) -> dict[str, float]:
+        with self._stats_lock:
+            return dict(self._stats)

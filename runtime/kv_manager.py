@@ -1,0 +1,95 @@
+"""Cache bookkeeping for requests: match a prefix, grow a request's slots, hand KV to the radix cache.
+
+Every slot is in exactly one place: free in the allocator, held by the prefix cache, or held by
+a running request (its table row from `locked_len` up to `allocated`). These methods are the
+only ones that move slots between those places.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radix import BasePrefixCache, SlotAllocator
+from runtime.request import Req
+from runtime.slot_table import ReqSlotTable
+
+
+class KVManager:
+    def __init__(self, allocator: SlotAllocator, cache: BasePrefixCache, table: ReqSlotTable,
+                 enable_prefix_cache: bool) -> None:
+        self.allocator = allocator
+        self.cache = cache
+        self.table = table
+        self.page = allocator.page_size
+        self.enable_prefix_cache = enable_prefix_cache
+
+    # -- sizes -------------------------------------------------------------------------------------
+
+    def room(self) -> int:
+        """Slots obtainable now: free ones plus cached ones nobody has locked."""
+        return self.allocator.available() + self.cache.evictable_size()
+
+    def pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.page) * self.page
+
+    # -- admission ---------------------------------------------------------------------------------
+
+    def admit(self, req: Req, prefix: torch.Tensor, node: object) -> None:
+        """Give a waiting request a table row holding its (already locked) cached prefix."""
+        req.row = self.table.alloc_row()
+        self.table.write(req.row, 0, prefix)
+        req.kv_len = req.allocated = req.locked_len = len(prefix)
+        req.locked_node = node
+
+    def grow(self, req: Req, new_len: int) -> bool:
+        """Make room for `new_len` tokens of KV in the request's row, evicting cache leaves if needed."""
+        need = self.pages_for(new_len) - req.allocated
+        if need <= 0:
+            return True
+        slots = self.alloc(need)
+        if slots is None:
+            return False
+        assert req.row is not None
+        self.table.write(req.row, req.allocated, slots)
+        req.allocated += need
+        return True
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        if self.allocator.available() < n:
+            self.cache.evict(n - self.allocator.available())
+        return self.allocator.alloc(n)
+
+    # -- handing KV to the cache -------------------------------------------------------------------
+
+    def cache_unfinished(self, req: Req) -> None:
+        """Share a running request's computed prefix now (others with the same prompt hit it)."""
+        if not self.enable_prefix_cache or req.row is None:
+            return
+        ids = req.all_ids[: req.kv_len]
+        slots = self.table.read(req.row, req.kv_len)
+        k = self.cache.insert(ids, slots, req.extra_key)
+        if k > req.locked_len:
+            # The cache already had tokens [locked_len, k): use its slots, free our duplicates.
+            self.allocator.free(slots[req.locked_len : k].clone())
+        match = self.cache.match_prefix(ids, req.extra_key)
+        self.table.write(req.row, 0, match.indices)
+        self.cache.lock(match.node)
+        self.cache.unlock(req.locked_node)
+        req.locked_node, req.locked_len = match.node, len(match.indices)
+
+    def release(self, req: Req) -> None:
+        """A request leaves the running set (finished, aborted or retracted): cache its KV, free the rest."""
+        if req.row is None:
+            return
+        slots = self.table.read(req.row, req.allocated).clone()
+        keep = req.kv_len // self.page * self.page
+        if self.enable_prefix_cache:
+            k = self.cache.insert(req.all_ids[:keep], slots[:keep], req.extra_key)
+            self.allocator.free(slots[req.locked_len : max(k, req.locked_len)])
+        else:
+            keep = req.locked_len  # nothing was locked: this is 0
+        self.allocator.free(slots[keep:])
+        self.cache.unlock(req.locked_node)
+        self.table.free_row(req.row)
+        req.row, req.locked_node = None, None
+        req.kv_len = req.allocated = req.locked_len = 0

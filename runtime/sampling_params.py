@@ -1,0 +1,88 @@
+"""SamplingParams: how one request is decoded. Out-of-range values raise ValueError naming the field."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+MAX_STOP_STRINGS = 64
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = off
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    n: int = 1
+    seed: int | None = None
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1: no prompt logprobs
+    top_logprobs_num: int = 0
+    skip_special_tokens: bool = True
+
+    @classmethod
+    def from_dict(cls, values: dict[str, object] | None) -> SamplingParams:
+        """Build from a JSON-like dict; an unknown key is a ValueError naming it."""
+        values = dict(values or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
+        if isinstance(values.get("stop"), str):
+            values["stop"] = [values["stop"]]
+        params = cls(**values)  # type: ignore[arg-type]
+        params.validate()
+        return params
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> None:
+        def check(ok: bool, name: str, what: str) -> None:
+            if not ok:
+                raise ValueError(f"{name} {what}, got {getattr(self, name)!r}")
+
+        def number(name: str, integer: bool = False) -> float:
+            value = getattr(self, name)
+            kinds = (int,) if integer else (int, float)
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be finite, got {value!r}")
+            return float(value)
+
+        check(number("max_new_tokens", True) >= 0, "max_new_tokens", "must be >= 0")
+        check(0.0 <= number("temperature") <= 100.0, "temperature", "must be in [0, 100]")
+        check(0.0 < number("top_p") <= 1.0, "top_p", "must be in (0, 1]")
+        top_k = number("top_k", True)
+        check(top_k == -1 or top_k >= 1, "top_k", "must be -1 (off) or >= 1")
+        check(0.0 <= number("min_p") <= 1.0, "min_p", "must be in [0, 1]")
+        check(-2.0 <= number("frequency_penalty") <= 2.0, "frequency_penalty", "must be in [-2, 2]")
+        check(-2.0 <= number("presence_penalty") <= 2.0, "presence_penalty", "must be in [-2, 2]")
+        check(0.0 < number("repetition_penalty") <= 10.0, "repetition_penalty", "must be in (0, 10]")
+        check(1 <= number("n", True) <= 64, "n", "must be in [1, 64]")
+        if self.seed is not None:
+            number("seed", True)
+        check(-1 <= number("logprob_start_len", True), "logprob_start_len", "must be >= -1")
+        check(0 <= number("top_logprobs_num", True) <= MAX_TOP_LOGPROBS, "top_logprobs_num",
+              f"must be in [0, {MAX_TOP_LOGPROBS}]")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        check(len(self.stop) <= MAX_STOP_STRINGS, "stop", f"must hold at most {MAX_STOP_STRINGS} strings")
+        if not isinstance(self.stop_token_ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
+        ):
+            raise ValueError(f"stop_token_ids must be a list of non-negative integers, got {self.stop_token_ids!r}")
+        for name in ("ignore_eos", "return_logprob", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")

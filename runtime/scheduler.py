@@ -1,0 +1,188 @@
+"""The scheduler: which requests run in the next forward step, and with how many new tokens.
+
+Each step is one ragged batch: every running request that is decoding contributes one token,
+and prompt tokens fill the rest up to `max_prefill_tokens` (chunks of at most
+`chunked_prefill_size` per request, so a long prompt never stalls the decoders). Decodes get
+their KV slots first; when none are left even after evicting cache leaves, the most recently
+admitted requests are retracted (their KV handed to the cache, their tokens kept) and recomputed
+later. New requests are admitted in policy order while there is room for their prompt plus a
+reserve for the decoding already under way.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from runtime.engine_args import EngineArgs
+from runtime.forward_batch import BatchEntry
+from runtime.kv_manager import KVManager
+from runtime.output import Logprobs
+from runtime.request import Req, ReqState
+from runtime.schedule_policy import SchedulePolicy
+
+# Room held back for running requests' future tokens: this share of (at most DECODE_RESERVE_CAP)
+# tokens each still may generate. Retraction covers the cases where the estimate is short.
+DECODE_RESERVE_RATIO = 0.3
+DECODE_RESERVE_CAP = 256
+
+
+@dataclass
+class StepPlan:
+    reqs: list[Req] = field(default_factory=list)
+    entries: list[BatchEntry] = field(default_factory=list)
+
+    def add(self, req: Req, num_tokens: int, logits_from: int | None = None) -> None:
+        tokens = req.all_ids[req.kv_len : req.kv_len + num_tokens]
+        assert req.row is not None and len(tokens) == num_tokens
+        self.reqs.append(req)
+        self.entries.append(BatchEntry(req.row, req.kv_len, tokens, logits_from))
+
+    def __bool__(self) -> bool:
+        return bool(self.reqs)
+
+
+@dataclass
+class SchedulerCounters:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    computed_prompt_tokens: int = 0  # prompt tokens actually run through the model (incl. recompute)
+    retractions: int = 0
+
+
+class Scheduler:
+    def __init__(self, args: EngineArgs, kv: KVManager, policy: SchedulePolicy) -> None:
+        self.args = args
+        self.kv = kv
+        self.policy = policy
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.counters = SchedulerCounters()
+        self.failed: list[Req] = []  # requests the scheduler gave up on this step (engine reports them)
+
+    def add(self, req: Req) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, req: Req) -> None:
+        """Take a request out (finished or aborted), handing its KV to the cache."""
+        if req.state is ReqState.RUNNING:
+            self.running.remove(req)
+            self.kv.release(req)
+        elif req.state is ReqState.WAITING and req in self.waiting:
+            self.waiting.remove(req)
+        req.state = ReqState.FINISHED
+
+    # -- one step ----------------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        self.failed = []
+        self._schedule_decodes(plan)
+        budget = self.args.max_prefill_tokens
+        budget = self._continue_prefills(plan, budget)
+        self._admit(plan, budget)
+        return plan
+
+    def _schedule_decodes(self, plan: StepPlan) -> None:
+        for req in [r for r in self.running if r.is_decoding]:
+            if req.state is not ReqState.RUNNING:
+                continue  # retracted for an earlier one this step
+            while not self.kv.grow(req, req.kv_len + 1):
+                victim = next((r for r in reversed(self.running) if r is not req), None)
+                if victim is None:
+                    self._fail(req, "the KV cache is too small for this request")
+                    break
+                self._retract(victim, plan)
+            else:
+                plan.add(req, 1)
+
+    def _continue_prefills(self, plan: StepPlan, budget: int) -> int:
+        for req in list(self.running):
+            if budget <= 0:
+                break
+            if req.state is not ReqState.RUNNING or req.is_decoding or req in plan.reqs:
+                continue
+            chunk = min(req.pending, self.args.chunked_prefill_size, budget)
+            if not self.kv.grow(req, req.kv_len + chunk):
+                continue  # try again next step, once decodes have freed or cached something
+            self._plan_prefill(plan, req, chunk)
+            budget -= chunk
+        return budget
+
+    def _admit(self, plan: StepPlan, budget: int) -> None:
+        if not self.waiting or budget <= 0:
+            return
+        admitted = 0
+        for cand in self.policy.order(list(self.waiting)):
+            if budget <= 0 or len(self.running) >= self.args.max_running_requests:
+                break
+            if self.kv.table.available() == 0:
+                break
+            if cand.deprioritized and admitted:
+                continue
+            req = cand.req
+            # Match again: admitting earlier candidates may have evicted what we matched before.
+            match = self.policy.cache.match_prefix(req.all_ids[: req.max_prefix_match()], req.extra_key)
+            self.policy.cache.lock(match.node)
+            prefix = len(match.indices)
+            chunk = min(req.seq_len - prefix, self.args.chunked_prefill_size, budget)
+            need = self.kv.pages_for(prefix + chunk) - prefix
+            if self.kv.room() < need + self._decode_reserve(req):
+                self.policy.cache.unlock(match.node)
+                break
+            self.waiting.remove(req)
+            self.kv.admit(req, match.indices, match.node)
+            if not self.kv.grow(req, prefix + chunk):  # cannot happen after the room check
+                self._retract(req, plan)
+                break
+            req.state = ReqState.RUNNING
+            self.running.append(req)
+            if req.cached_tokens < 0:  # first admission (not a recompute after retraction)
+                req.cached_tokens = prefix
+                self.counters.prompt_tokens += len(req.prompt_ids)
+                self.counters.cached_tokens += prefix
+            self._plan_prefill(plan, req, chunk)
+            budget -= chunk
+            admitted += 1
+
+    def _plan_prefill(self, plan: StepPlan, req: Req, chunk: int) -> None:
+        logits_from = None
+        if req.wants_prompt_logprobs():
+            first = max(req.params.logprob_start_len - 1, 0)  # position whose logits score token `start`
+            logits_from = max(first - req.kv_len, 0) if first < req.kv_len + chunk else None
+            if req.logprobs is None:
+                req.logprobs = Logprobs()
+        self.counters.computed_prompt_tokens += chunk
+        plan.add(req, chunk, logits_from)
+
+    def _decode_reserve(self, new_req: Req) -> int:
+        def remaining(r: Req) -> int:
+            return min(max(r.params.max_new_tokens - len(r.output_ids), 0), DECODE_RESERVE_CAP)
+
+        total = sum(remaining(r) for r in self.running) + remaining(new_req)
+        return int(total * DECODE_RESERVE_RATIO)
+
+    def _retract(self, req: Req, plan: StepPlan) -> None:
+        """Preempt: hand its KV to the cache, keep its tokens, and requeue it at the front."""
+        if req in plan.reqs:
+            i = plan.reqs.index(req)
+            del plan.reqs[i], plan.entries[i]
+        if req in self.running:
+            self.running.remove(req)
+        self.kv.release(req)
+        req.state = ReqState.WAITING
+        req.retractions += 1
+        if not req.prompt_logprobs_done and req.logprobs is not None:
+            req.logprobs.input_token_logprobs.clear()
+            req.logprobs.input_top_logprobs.clear()
+        self.counters.retractions += 1
+        self.waiting.appendleft(req)
+
+    def _fail(self, req: Req, message: str) -> None:
+        req.error = message
+        req.finish_reason = "abort"
+        self.remove(req)
+        self.failed.append(req)

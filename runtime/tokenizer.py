@@ -1,0 +1,64 @@
+"""Tokenization for the engine: prompts and chat templates in, text out, via `transformers`.
+
+Also knows the model's stop tokens (generation_config.json's `eos_token_id` plus the
+tokenizer's) and, for chat, its stop strings (generation_config.json's `stop_strings`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+# Families whose checkpoints degenerate without BOS first (Gemma's tokenizer may not add it).
+_NEEDS_BOS = ("gemma",)
+
+
+class Tokenizer:
+    def __init__(self, folder: Path, model_type: str = "") -> None:
+        from transformers import AutoTokenizer
+
+        self.hf = AutoTokenizer.from_pretrained(str(folder))
+        self.bos_token_id: int | None = self.hf.bos_token_id
+        self.needs_bos = any(model_type.startswith(p) for p in _NEEDS_BOS) and self.bos_token_id is not None
+        gen = _read_json(folder / "generation_config.json")
+        eos = gen.get("eos_token_id")
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self.hf.eos_token_id is not None:
+            eos_ids.add(self.hf.eos_token_id)
+        self.eos_token_ids: frozenset[int] = frozenset(int(e) for e in eos_ids)
+        stops = gen.get("stop_strings") or []
+        self.chat_stop_strings: list[str] = [stops] if isinstance(stops, str) else list(stops)
+        self.vocab_size = len(self.hf)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.hf, "chat_template", None))
+
+    def encode(self, text: str) -> list[int]:
+        return self._with_bos(self.hf(text).input_ids)
+
+    def apply_chat_template(self, messages: list[dict[str, object]], add_generation_prompt: bool = True) -> str:
+        if not self.has_chat_template:
+            raise ValueError("this model's tokenizer has no chat template; use completions instead")
+        try:
+            return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        except Exception as exc:  # jinja raises TemplateError and others for bad messages
+            raise ValueError(f"messages: the chat template rejected them: {exc}") from exc
+
+    def encode_chat(self, messages: list[dict[str, object]], add_generation_prompt: bool = True) -> list[int]:
+        text = self.apply_chat_template(messages, add_generation_prompt)
+        # The template writes BOS itself where the model wants it.
+        return self._with_bos(self.hf(text, add_special_tokens=False).input_ids)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def _with_bos(self, ids: list[int]) -> list[int]:
+        if self.needs_bos and (not ids or ids[0] != self.bos_token_id):
+            return [self.bos_token_id, *ids]  # type: ignore[list-item]
+        return ids
+
+
+def _read_json(path: Path) -> dict[str, object]:
+    return json.loads(path.read_text()) if path.is_file() else {}
