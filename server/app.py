@@ -1,0 +1,101 @@
+"""The starlette application: routes, API-key check, error shapes, metrics, shutdown."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from runtime import Engine
+from server import native_api, openai_api
+from server.errors import APIError, error_response
+from server.openapi import openapi_document
+from server.state import ServerSettings, ServerState
+
+logger = logging.getLogger("radixserve.server")
+OPEN_PATHS = {"/health"}
+
+
+class APIKeyMiddleware:
+    """With --api-key, every route but /health needs `Authorization: Bearer <key>` (constant-time compare)."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.expected is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if not hmac.compare_digest(given, self.expected):
+            response = error_response(401, "missing or wrong API key (send Authorization: Bearer <key>)")
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return error_response(exc.status, exc.message, exc.param, exc.headers)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = "no such route" if exc.status_code == 404 else str(exc.detail)
+    return error_response(exc.status_code, f"{message}: {request.method} {request.url.path}")
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    logger.exception("unhandled error on %s", request.url.path)
+    return error_response(500, f"internal error: {type(exc).__name__}")
+
+
+async def _metrics(request: Request) -> Response:
+    state: ServerState = request.app.state.radix
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+async def _openapi(request: Request) -> Response:
+    return JSONResponse(openapi_document())
+
+
+def build_app(engine: Engine, settings: ServerSettings | None = None,
+              engine_args: dict[str, object] | None = None, own_engine: bool = True) -> Starlette:
+    settings = settings or ServerSettings()
+    state = ServerState(engine, settings, engine_args or vars(engine.args))
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        if own_engine:
+            engine.shutdown()  # graceful: uvicorn stops accepting, finishes responses, then we stop
+            print("radixserve: engine stopped", file=sys.stderr, flush=True)
+
+    routes = [
+        Route("/v1/completions", openai_api.completions, methods=["POST"]),
+        Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
+        Route("/v1/models", openai_api.list_models, methods=["GET"]),
+        Route("/generate", native_api.generate, methods=["POST"]),
+        Route("/flush_cache", native_api.flush_cache, methods=["POST", "GET"]),
+        Route("/abort_request", native_api.abort_request, methods=["POST"]),
+        Route("/get_model_info", native_api.get_model_info, methods=["GET"]),
+        Route("/get_server_info", native_api.get_server_info, methods=["GET"]),
+        Route("/health", native_api.health, methods=["GET"]),
+        Route("/metrics", _metrics, methods=["GET"]),
+        Route("/openapi.json", _openapi, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
+        APIError: _api_error, HTTPException: _http_error, Exception: _internal_error})
+    app.state.radix = state
+    app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+    return app

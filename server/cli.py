@@ -1,0 +1,82 @@
+"""`python -m server` / `radixserve`: the command line, generated from EngineArgs plus server flags."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+import types
+import typing
+
+from runtime.engine_args import EngineArgs
+from server.state import DEFAULT_MAX_BODY_BYTES, ServerSettings
+
+# Flags named as SGLang and vLLM users expect, where our field name differs.
+RENAMED = {"enable_prefix_cache": "--disable-radix-cache"}
+ALIASES = {"enable_prefix_cache": ["--no-enable-prefix-caching"], "kv_cache_tokens": ["--max-total-tokens"],
+           "context_length": ["--max-model-len"]}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixserve", description="radixserve: a prefix-caching LLM server "
+                                     "with an OpenAI-compatible API.")
+    hints = typing.get_type_hints(EngineArgs)
+    for f in dataclasses.fields(EngineArgs):
+        help_text = f.metadata.get("help", "")
+        kind = hints[f.name]
+        if f.name in RENAMED:
+            parser.add_argument(RENAMED[f.name], *ALIASES.get(f.name, []), dest=f.name, action="store_false",
+                                default=f.default, help=f"turn off: {help_text}")
+            continue
+        flags = [f"--{f.name.replace('_', '-')}", *ALIASES.get(f.name, [])]
+        if kind is bool:
+            parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
+                                help=help_text)
+            continue
+        args = typing.get_args(kind)
+        base = next((a for a in args if a is not type(None)), kind) if isinstance(kind, types.UnionType) else kind
+        parser.add_argument(*flags, dest=f.name, type=base, default=f.default,
+                            help=f"{help_text} (default: {f.default})")
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    server.add_argument("--port", type=int, default=30000, help="port (default: 30000)")
+    server.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on every route but /health")
+    server.add_argument("--served-model-name", default=None, help="model name the API reports and accepts")
+    server.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        help=f"larger bodies get 413 (default: {DEFAULT_MAX_BODY_BYTES})")
+    server.add_argument("--log-requests", action="store_true", help="log prompts and outputs (off: they are private)")
+    server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def parse(argv: list[str] | None = None) -> tuple[EngineArgs, ServerSettings]:
+    ns = vars(build_parser().parse_args(argv))
+    engine_args = EngineArgs(**{k: ns.pop(k) for k in EngineArgs.field_names()})
+    settings = ServerSettings(**ns)
+    return engine_args, settings
+
+
+def main(argv: list[str] | None = None) -> None:
+    engine_args, settings = parse(argv)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        engine_args.validate()
+    except ValueError as exc:
+        print(f"radixserve: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    import uvicorn
+
+    from runtime import Engine
+    from server.app import build_app
+
+    engine = Engine(engine_args)
+    app = build_app(engine, settings, dataclasses.asdict(engine_args))
+    print(f"radixserve: serving {app.state.radix.served_model_name} at http://{settings.host}:{settings.port}/v1",
+          file=sys.stderr, flush=True)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                timeout_graceful_shutdown=10)
+
+
+if __name__ == "__main__":
+    main()

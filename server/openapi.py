@@ -1,0 +1,40 @@
+"""/openapi.json: the public routes, with request and response schemas generated from msgspec."""
+
+from __future__ import annotations
+
+import msgspec
+
+from server import protocol as p
+
+# (method, path, request body type or None, response type, summary)
+ROUTES: list[tuple[str, str, type | None, type | None, str]] = [
+    ("post", "/v1/completions", p.CompletionRequest, p.CompletionResponse, "Create a completion"),
+    ("post", "/v1/chat/completions", p.ChatCompletionRequest, p.ChatCompletionResponse, "Create a chat completion"),
+    ("get", "/v1/models", None, p.ModelList, "List served models"),
+    ("post", "/generate", p.GenerateRequest, p.GenerateResponse, "Generate (SGLang native)"),
+    ("post", "/abort_request", p.AbortRequest, None, "Abort a request by id"),
+    ("post", "/flush_cache", None, None, "Drop the prefix cache"),
+    ("get", "/get_model_info", None, None, "Model facts"),
+    ("get", "/get_server_info", None, None, "Server arguments and engine stats"),
+    ("get", "/health", None, p.HealthStatus, "Liveness"),
+    ("get", "/metrics", None, None, "Prometheus metrics"),
+]
+
+
+def openapi_document() -> dict[str, object]:
+    types = [t for _, _, req, resp, _ in ROUTES for t in (req, resp) if t is not None] + [p.ErrorResponse]
+    _, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
+    paths: dict[str, dict[str, object]] = {}
+    error = {"description": "Error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+    for method, path, req, resp, summary in ROUTES:
+        op: dict[str, object] = {"summary": summary, "responses": {
+            "200": {"description": "OK", "content": {"application/json": {
+                "schema": {"$ref": f"#/components/schemas/{resp.__name__}"} if resp else {"type": "object"}}}},
+            "400": error, "401": error,
+        }}
+        if req is not None:
+            op["requestBody"] = {"required": True, "content": {"application/json": {
+                "schema": {"$ref": f"#/components/schemas/{req.__name__}"}}}}
+        paths.setdefault(path, {})[method] = op
+    return {"openapi": "3.0.3", "info": {"title": "radixserve", "version": "0.1.0"}, "paths": paths,
+            "components": {"schemas": components}}

@@ -1,0 +1,53 @@
+"""Start a real uvicorn server on a free 127.0.0.1 port, in a thread, over an Engine."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import httpx
+import uvicorn
+
+from runtime import Engine
+from server.app import build_app
+from server.state import ServerSettings
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    url: str
+    engine: Engine
+    settings: ServerSettings
+
+
+@contextmanager
+def serve(engine: Engine, **settings: object) -> Iterator[RunningServer]:
+    port = free_port()
+    cfg = ServerSettings(port=port, **settings)  # type: ignore[arg-type]
+    app = build_app(engine, cfg, own_engine=False)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    try:
+        yield RunningServer(url, engine, cfg)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
