@@ -36,7 +36,10 @@ class Tokenizer:
         return bool(getattr(self.hf, "chat_template", None))
 
     def encode(self, text: str) -> list[int]:
-        return self._with_bos(self.hf(text).input_ids)
+        # Text already starting with the BOS string (a rendered chat template) must not get a second one.
+        bos = self.hf.bos_token
+        add_special = not (bos and text.startswith(bos))
+        return self._with_bos(self.hf(text, add_special_tokens=add_special).input_ids)
 
     def apply_chat_template(self, messages: list[dict[str, object]], add_generation_prompt: bool = True) -> str:
         if not self.has_chat_template:

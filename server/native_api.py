@@ -135,7 +135,26 @@ async def get_model_info(request: Request) -> Response:
         "vocab_size": engine.runner.vocab_size,
         "dtype": str(engine.runner.dtype).removeprefix("torch."),
         "is_generation": True,
+        # What a client-side interpreter (frontend_lang.RuntimeEndpoint) needs to render chat turns.
+        "chat_template": engine.tokenizer.hf.chat_template if engine.tokenizer.has_chat_template else None,
+        "bos_token": engine.tokenizer.hf.bos_token,
+        "eos_token": engine.tokenizer.hf.eos_token,
+        "chat_stop_strings": engine.tokenizer.chat_stop_strings,
     })
+
+
+class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True):
+    text: str
+
+
+async def tokenize(request: Request) -> Response:
+    state: ServerState = request.app.state.radix
+    body = decode_body(await state.read_body(request), TokenizeRequest)
+    try:
+        tokens = state.engine.encode(body.text)
+    except ValueError as exc:
+        raise bad_request(exc) from exc
+    return json_response({"tokens": tokens, "count": len(tokens)})
 
 
 async def get_server_info(request: Request) -> Response:

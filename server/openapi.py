@@ -15,6 +15,7 @@ ROUTES: list[tuple[str, str, type | None, type | None, str]] = [
     ("post", "/abort_request", p.AbortRequest, None, "Abort a request by id"),
     ("post", "/flush_cache", None, None, "Drop the prefix cache"),
     ("get", "/get_model_info", None, None, "Model facts"),
+    ("post", "/tokenize", None, None, "Token ids of a text"),
     ("get", "/get_server_info", None, None, "Server arguments and engine stats"),
     ("get", "/health", None, p.HealthStatus, "Liveness"),
     ("get", "/metrics", None, None, "Prometheus metrics"),

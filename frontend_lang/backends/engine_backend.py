@@ -1,0 +1,71 @@
+"""The in-process backend: programs call an `Engine` directly."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Iterator
+
+from frontend_lang.backends.base import Backend, BackendError, Prompt, best_choice, common_prefix_len
+from frontend_lang.chat_template import Render
+from runtime import Engine
+
+
+class EngineBackend(Backend):
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.chat_stop_strings = list(engine.tokenizer.chat_stop_strings)
+
+    def renderer(self) -> Render | None:
+        tok = self.engine.tokenizer
+        if not tok.has_chat_template:
+            return None
+        return lambda messages, add_generation_prompt: tok.apply_chat_template(messages, add_generation_prompt)
+
+    def generate(self, prompt: Prompt, params: dict[str, object]) -> str:
+        out = self.engine.generate(input_ids=self.engine.encode(prompt.text), sampling_params=params)[0]
+        if out.error:
+            raise BackendError(out.error)
+        return out.text
+
+    def stream(self, prompt: Prompt, params: dict[str, object]) -> Iterator[str]:
+        deltas: queue.Queue[object] = queue.Queue()
+
+        async def pump() -> None:
+            try:
+                async for out in self.engine.stream(input_ids=self.engine.encode(prompt.text), sampling_params=params):
+                    if out.error:
+                        raise BackendError(out.error)
+                    deltas.put(out.delta_text)
+            except BaseException as exc:  # noqa: BLE001 - handed to the reading thread
+                deltas.put(exc)
+            deltas.put(None)
+
+        threading.Thread(target=lambda: asyncio.run(pump()), daemon=True).start()
+        while (item := deltas.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item  # type: ignore[misc]
+
+    def select(self, prompt: Prompt, choices: list[str]) -> tuple[int, list[float]]:
+        base = self.engine.encode(prompt.text)
+        batch, starts = [], []
+        for choice in choices:
+            ids = self.engine.encode(prompt.text + choice)
+            start = min(common_prefix_len(base, ids), len(ids) - 1)
+            batch.append(ids)
+            starts.append(start)
+        # One batch: the shared prefix is computed once and the choices reuse it from the cache.
+        params = [{"max_new_tokens": 0, "return_logprob": True, "logprob_start_len": s} for s in starts]
+        outs = self.engine.generate(input_ids=batch, sampling_params=params)
+        scores = []
+        for out in outs:
+            if out.error or out.logprobs is None:
+                raise BackendError(out.error or "no logprobs returned")
+            values = [v for v, _ in out.logprobs.input_token_logprobs if v is not None]
+            scores.append(sum(values) / max(len(values), 1))
+        return best_choice(scores), scores
+
+    def warm(self, text: str) -> None:
+        self.engine.generate(input_ids=self.engine.encode(text), sampling_params={"max_new_tokens": 0})

@@ -1,0 +1,162 @@
+"""`@program`: a Python function over a state `s`, run on a backend once (`run`) or many times (`run_batch`)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from tqdm import tqdm
+
+from frontend_lang.backends.base import Backend
+from frontend_lang.backends.engine_backend import EngineBackend
+from frontend_lang.ir import Gen, Select
+from frontend_lang.state import ProgramState
+
+_default_backend: Backend | None = None
+# Shorter shared prefixes are not worth a warm-up request of their own.
+MIN_WARM_PREFIX_CHARS = 64
+
+
+def set_default_backend(backend: object) -> None:
+    global _default_backend
+    _default_backend = _as_backend(backend)
+
+
+def _as_backend(backend: object) -> Backend:
+    if isinstance(backend, Backend):
+        return backend
+    from runtime import Engine
+
+    if isinstance(backend, Engine):
+        return EngineBackend(backend)
+    raise TypeError(f"backend must be an Engine, RuntimeEndpoint or OpenAI backend, got {type(backend).__name__}")
+
+
+def _resolve(backend: object | None) -> Backend:
+    if backend is not None:
+        return _as_backend(backend)
+    if _default_backend is None:
+        raise ValueError("backend: pass backend=... or call set_default_backend() first")
+    return _default_backend
+
+
+class _StopTracing(Exception):
+    pass
+
+
+class _TracingState(ProgramState):
+    """Runs a program only up to its first model call, to learn the text it starts with."""
+
+    def __iadd__(self, expr: object) -> ProgramState:
+        if isinstance(expr, (Gen, Select)):
+            raise _StopTracing
+        if hasattr(expr, "parts") and any(isinstance(p, (Gen, Select)) for p in expr.parts):  # a role block
+            self._run_expr(type(expr)(expr.role, [p for p in expr.parts if isinstance(p, str)]))  # type: ignore[attr-defined]
+            raise _StopTracing
+        self._run_expr(expr)  # type: ignore[arg-type]
+        return self
+
+    def _submit(self, fn, *args) -> None:  # noqa: ANN001
+        fn(*args)  # synchronously: tracing makes no model calls
+
+
+class Program:
+    def __init__(self, func: Callable[..., object]) -> None:
+        functools.update_wrapper(self, func)
+        self.func = func
+        params = list(inspect.signature(func).parameters)
+        if not params:
+            raise TypeError(f"@program function {func.__name__} must take the state `s` as its first argument")
+
+    def __call__(self, *args: object, **kwargs: object) -> ProgramState:
+        return self.run(*args, **kwargs)
+
+    def run(self, *args: object, backend: object | None = None, stream: bool = False,
+            **kwargs: object) -> ProgramState:
+        """Run once. Raises the program's error; with stream=True returns at once (read `text_iter()`)."""
+        defaults = _pop_defaults(kwargs)
+        state = ProgramState(_resolve(backend), defaults, stream=stream)
+        if stream:
+            def body() -> None:
+                try:
+                    self.func(state, *args, **kwargs)
+                except BaseException as exc:  # noqa: BLE001 - surfaces through text_iter / sync
+                    state._error = exc
+                    state._events.put(exc)
+                state.finish()
+
+            threading.Thread(target=body, daemon=True).start()
+            return state
+        self.func(state, *args, **kwargs)
+        state.finish()
+        state.sync()
+        return state
+
+    def run_batch(self, batch_kwargs: list[dict[str, object]], backend: object | None = None,
+                  num_threads: int | str = "auto", progress_bar: bool = False,
+                  **defaults: object) -> list[ProgramState]:
+        """Run once per kwargs dict, concurrently. A failed item's state raises its error when read."""
+        resolved = _resolve(backend)
+        self._warm_common_prefix(batch_kwargs, resolved)
+        workers = min(len(batch_kwargs), 64) if num_threads == "auto" else int(num_threads)
+        results: list[ProgramState] = []
+
+        def one(kwargs: dict[str, object]) -> ProgramState:
+            state = ProgramState(resolved, dict(defaults))
+            try:
+                self.func(state, **kwargs)
+                state.finish()
+                state.sync()
+            except BaseException as exc:  # noqa: BLE001 - kept in that item's state
+                state._error = exc
+            return state
+
+        with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
+            futures = [pool.submit(one, kw) for kw in batch_kwargs]
+            for future in tqdm(futures, disable=not progress_bar, desc=self.func.__name__):
+                results.append(future.result())
+        return results
+
+    def _warm_common_prefix(self, batch_kwargs: list[dict[str, object]], backend: Backend) -> None:
+        """Compute the text every item starts with once, so the fan-out hits the cache."""
+        if len(batch_kwargs) < 2:
+            return
+        texts = []
+        for kwargs in batch_kwargs:
+            state = _TracingState(backend)
+            try:
+                self.func(state, **kwargs)
+            except _StopTracing:
+                pass
+            except Exception:  # noqa: BLE001 - a program that fails here fails for real later
+                return
+            texts.append(state._text)
+        prefix = _common_prefix(texts)
+        # Cut at a boundary the tokenizer will not merge across, so the tokens match the real prompts.
+        cut = max(prefix.rfind("\n"), prefix.rfind(" "))
+        prefix = prefix[:cut] if cut > 0 else ""
+        if len(prefix) >= MIN_WARM_PREFIX_CHARS:
+            backend.warm(prefix)
+
+
+def _common_prefix(texts: list[str]) -> str:
+    if not texts:
+        return ""
+    first, last = min(texts), max(texts)
+    n = 0
+    while n < min(len(first), len(last)) and first[n] == last[n]:
+        n += 1
+    return first[:n]
+
+
+def _pop_defaults(kwargs: dict[str, object]) -> dict[str, object]:
+    keys = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "seed")
+    return {k: kwargs.pop(k) for k in keys if k in kwargs}
+
+
+def program(func: Callable[..., object]) -> Program:
+    """Decorate `def f(s, ...)`: `s += ...` builds the prompt; gen/select call the model."""
+    return Program(func)

@@ -1,0 +1,226 @@
+"""ProgramState: the growing text of one program run, its variables, and its own executor.
+
+`s += expr` queues `expr` on the state's single worker thread and returns at once, so forked
+branches and batch items run concurrently and the engine batches their requests. Reading a
+variable, the text or the messages waits for the queued work; an error inside the program
+is raised there (and by `run`).
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+
+from frontend_lang.backends.base import Backend, Prompt
+from frontend_lang.chat_template import role_text
+from frontend_lang.ir import Expr, Gen, RoleBlock, Select
+
+_DONE = object()
+
+
+class ProgramState:
+    def __init__(self, backend: Backend, defaults: dict[str, object] | None = None, stream: bool = False) -> None:
+        self.backend = backend
+        self.defaults = dict(defaults or {})
+        self.stream = stream
+        self._text = ""
+        self._messages: list[dict[str, str]] = []
+        self._vars: dict[str, object] = {}
+        self._role: tuple[str, int, bool] | None = None  # (role, content start, last part was a gen)
+        self._error: BaseException | None = None
+        self._futures: list[Future[None]] = []
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixserve-program")
+        self._events: queue.Queue[object] = queue.Queue()
+        self._lock = threading.Lock()
+
+    # -- building ------------------------------------------------------------------------------------
+
+    def __iadd__(self, expr: Expr) -> ProgramState:
+        self._submit(self._run_expr, expr)
+        return self
+
+    def _submit(self, fn, *args) -> None:  # noqa: ANN001 - a bound method of this class
+        def guarded() -> None:
+            if self._error is None:
+                try:
+                    fn(*args)
+                except BaseException as exc:  # noqa: BLE001 - kept, raised on the next read
+                    self._error = exc
+                    self._events.put(exc)
+
+        with self._lock:
+            self._futures.append(self._executor.submit(guarded))
+
+    @contextmanager
+    def _role_block(self, role: str) -> Iterator[ProgramState]:
+        self._submit(self._begin_role, role)
+        yield self
+        self._submit(self._end_role)
+
+    def system(self) -> contextmanager:  # type: ignore[valid-type]
+        return self._role_block("system")
+
+    def user(self) -> contextmanager:  # type: ignore[valid-type]
+        return self._role_block("user")
+
+    def assistant(self) -> contextmanager:  # type: ignore[valid-type]
+        return self._role_block("assistant")
+
+    # -- reading -------------------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Wait for everything queued so far; raise the program's error, if any."""
+        while True:
+            with self._lock:
+                pending = [f for f in self._futures if not f.done()]
+            if not pending:
+                break
+            for future in pending:
+                future.result()
+        if self._error is not None:
+            raise self._error
+
+    def __getitem__(self, name: str) -> object:
+        self.sync()
+        if name not in self._vars:
+            raise KeyError(f"no variable {name!r} in this program state (have: {sorted(self._vars)})")
+        return self._vars[name]
+
+    def get(self, name: str, default: object = None) -> object:
+        self.sync()
+        return self._vars.get(name, default)
+
+    def text(self) -> str:
+        self.sync()
+        return self._text
+
+    def messages(self) -> list[dict[str, str]]:
+        self.sync()
+        return [dict(m) for m in self._messages]
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def text_iter(self) -> Iterator[str]:
+        """Text as it is produced (prompt pieces and generated tokens), until the program ends."""
+        while True:
+            item = self._events.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item  # type: ignore[misc]
+
+    def fork(self, n: int) -> list[ProgramState]:
+        """`n` states sharing this one's text; the shared trunk is computed (and cached) once, first."""
+        self.sync()
+        self.backend.warm(self._text)
+        return [self._copy() for _ in range(n)]
+
+    def _copy(self) -> ProgramState:
+        child = ProgramState(self.backend, self.defaults, self.stream)
+        child._text, child._messages = self._text, copy.deepcopy(self._messages)
+        child._vars, child._role = dict(self._vars), self._role
+        return child
+
+    def finish(self) -> None:
+        """Mark the end of the program (for text_iter) once queued work is done."""
+        self._submit(lambda: None)
+        self._executor.submit(lambda: self._events.put(_DONE))
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False)
+
+    def __repr__(self) -> str:
+        return f"ProgramState(text={self._text[-80:]!r}, vars={sorted(self._vars)})"
+
+    # -- executing (on the worker thread) --------------------------------------------------------------
+
+    def _append(self, text: str) -> None:
+        if text:
+            self._text += text
+            self._events.put(text)
+
+    def _run_expr(self, expr: Expr) -> None:
+        if isinstance(expr, str):
+            self._append(expr)
+        elif isinstance(expr, Gen):
+            self._gen(expr)
+        elif isinstance(expr, Select):
+            self._select(expr)
+        elif isinstance(expr, RoleBlock):
+            self._begin_role(expr.role)
+            for part in expr.parts:
+                self._run_expr(part)
+            self._end_role()
+        elif isinstance(expr, ProgramState):
+            raise TypeError("cannot add a ProgramState to another; add its text() instead")
+        else:
+            self._append(str(expr))
+
+    def _begin_role(self, role: str) -> None:
+        if self._role is not None:
+            raise ValueError(f"a {role} block cannot start inside a {self._role[0]} block")
+        render = self.backend.renderer()
+        if render is None:
+            prefix = f"{role}: "
+        else:
+            prefix = role_text(render, self._messages, self._text, role).prefix
+        self._append(prefix)
+        self._role = (role, len(self._text), False)
+
+    def _end_role(self) -> None:
+        if self._role is None:
+            raise ValueError("a role block ended that never began")
+        role, start, ended_with_gen = self._role
+        content = self._text[start:]
+        if ended_with_gen and content != content.rstrip():
+            # The model's stop left whitespace the template would trim: drop it here too.
+            content = content.rstrip()
+            self._text = self._text[: start + len(content)]
+        render = self.backend.renderer()
+        if render is None:
+            suffix = "\n"
+        else:
+            suffix = role_text(render, self._messages, self._text[:start], role).suffix
+        self._role = None
+        self._messages.append({"role": role, "content": content})
+        self._append(suffix)
+
+    def _prompt(self) -> Prompt:
+        in_assistant = self._role is not None and self._role[0] == "assistant"
+        return Prompt(self._text, list(self._messages), in_assistant)
+
+    def _gen(self, gen: Gen) -> None:
+        params = gen.sampling_params(self.defaults)
+        prompt = self._prompt()
+        if prompt.in_assistant and self.backend.chat_stop_strings:
+            params["stop"] = list(params.get("stop") or []) + self.backend.chat_stop_strings  # type: ignore[arg-type]
+        if self.stream:
+            pieces = []
+            for delta in self.backend.stream(prompt, params):
+                pieces.append(delta)
+                self._append(delta)
+            text = "".join(pieces)
+        else:
+            text = self.backend.generate(prompt, params)
+            self._append(text)
+        if gen.name is not None:
+            self._vars[gen.name] = text
+        if self._role is not None:
+            self._role = (self._role[0], self._role[1], True)
+
+    def _select(self, sel: Select) -> None:
+        index, scores = self.backend.select(self._prompt(), sel.choices)
+        choice = sel.choices[index]
+        self._append(choice)
+        if sel.name is not None:
+            self._vars[sel.name] = choice
+            self._vars[f"{sel.name}_scores"] = scores
+        if self._role is not None:
+            self._role = (self._role[0], self._role[1], False)
