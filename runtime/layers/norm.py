@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -15,9 +16,16 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.unit_offset:
-            # Gemma multiplies in float32 before casting back.
-            return (x32 * (1.0 + self.weight.float())).to(dtype)
-        return self.weight * x32.to(dtype)
+            # Gemma normalises and scales in float32, then casts back (one fused op here).
+            return F.rms_norm(x.float(), (x.shape[-1],), self._scale(), self.eps).to(dtype)
+        normed = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps)
+        return self.weight * normed.to(dtype)
+
+    def _scale(self) -> torch.Tensor:
+        """(1 + w) in float32, computed once after the weights are loaded."""
+        scale = getattr(self, "_cached_scale", None)
+        if scale is None or scale.device != self.weight.device:
+            scale = 1.0 + self.weight.detach().float()
+            self._cached_scale = scale
+        return scale
