@@ -1,0 +1,1 @@
+"""Benchmarks: workloads, the offline comparison, the serving load generator, peers and plots."""
