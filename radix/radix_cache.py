@@ -3,8 +3,8 @@
 Each node holds a run of tokens (`key`, a numpy int64 array) and the slots of those tokens
 (`value`, an int64 tensor of the same length). Children are keyed by their first page of tokens,
 so a walk costs time in the key's length, not the tree's size; key runs are compared with numpy,
-not per-token Python loops. Evictable leaves are tracked incrementally, so `evict` heapifies only
-the leaves (never scans the tree). Namespaces (`extra_key`: a cache salt, a LoRA id) get separate
+not per-token Python loops. Evictable leaves live in a lazy LRU heap (an entry per leaf and access;
+stale entries are skipped when popped), so `evict` costs log(leaves) per node freed. Namespaces (`extra_key`: a cache salt, a LoRA id) get separate
 roots, so a prefix inserted under one key is never matched under another.
 """
 
@@ -68,6 +68,7 @@ class RadixCache(BasePrefixCache):
     def reset_state(self) -> None:
         self._roots: dict[ExtraKey, TreeNode] = {}
         self._leaves: set[TreeNode] = set()  # unlocked, childless, non-root: what evict() may take
+        self._heap: list[tuple[int, int, TreeNode]] = []  # (last_access, uid, leaf), possibly stale
         self._evictable = 0
         self._protected = 0
         self.stats = CacheStats()
@@ -89,7 +90,7 @@ class RadixCache(BasePrefixCache):
             if n < len(child):
                 child = self._split(child, n)
             values.append(child.value)
-            child.last_access = self._clock
+            self._touch(child)
             node, pos = child, pos + n
         self.stats.queries += 1
         self.stats.query_tokens += len(token_ids)
@@ -114,7 +115,7 @@ class RadixCache(BasePrefixCache):
             n = self._common_len(child.key, key[pos:])
             if n < len(child):
                 child = self._split(child, n)
-            child.last_access = self._clock
+            self._touch(child)
             node, pos = child, pos + n
         return pos
 
@@ -142,14 +143,15 @@ class RadixCache(BasePrefixCache):
                 self._evictable += len(item)
                 self._protected -= len(item)
                 if not item.children:
-                    self._leaves.add(item)
+                    self._add_evictable(item)
 
     def evict(self, num_tokens: int) -> int:
-        heap = [(leaf.last_access, leaf.uid, leaf) for leaf in self._leaves]
-        heapq.heapify(heap)
         freed = 0
+        heap = self._heap
         while freed < num_tokens and heap:
-            _, _, leaf = heapq.heappop(heap)
+            access, _, leaf = heapq.heappop(heap)
+            if leaf not in self._leaves or access != leaf.last_access:
+                continue  # stale: touched, locked or removed since this entry was pushed
             parent = leaf.parent
             assert parent is not None and leaf.lock_ref == 0 and not leaf.children
             self.allocator.free(leaf.value)
@@ -158,8 +160,7 @@ class RadixCache(BasePrefixCache):
             self._leaves.discard(leaf)
             del parent.children[self._child_key(leaf.key, 0)]
             if not parent.is_root and not parent.children and parent.lock_ref == 0:
-                self._leaves.add(parent)
-                heapq.heappush(heap, (parent.last_access, parent.uid, parent))
+                self._add_evictable(parent)
         return freed
 
     def reset(self) -> None:
@@ -210,8 +211,20 @@ class RadixCache(BasePrefixCache):
         leaf = TreeNode(key, value, parent, last_access=self._clock)
         self._leaves.discard(parent)  # it has a child now
         parent.children[self._child_key(key, 0)] = leaf
-        self._leaves.add(leaf)
+        self._add_evictable(leaf)
         self._evictable += len(leaf)
+
+    def _add_evictable(self, node: TreeNode) -> None:
+        self._leaves.add(node)
+        heapq.heappush(self._heap, (node.last_access, node.uid, node))
+        if len(self._heap) > 2 * len(self._leaves) + 1024:  # drop stale entries now and then
+            self._heap = [(n.last_access, n.uid, n) for n in self._leaves]
+            heapq.heapify(self._heap)
+
+    def _touch(self, node: TreeNode) -> None:
+        node.last_access = self._clock
+        if node in self._leaves:
+            heapq.heappush(self._heap, (node.last_access, node.uid, node))
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut `child` after `n` tokens; return the new upper node (same locks, same access time)."""
