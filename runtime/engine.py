@@ -67,6 +67,10 @@ class Engine:
         policy = SchedulePolicy(self.args.schedule_policy, self.cache, self.args.lpm_fallback_queue_len, page)
         self.scheduler = Scheduler(self.args, kv, policy)
         self.loop = EngineLoop(self.runner, self.tokenizer, self.scheduler, self.allocator, self.cache, self.context_len)
+        # New requests not yet admitted, counted at once (the loop's stats lag a step behind).
+        self._queued = 0
+        self._queue_lock = threading.Lock()
+        self.scheduler.on_dequeue = self._dequeued
         self._seeds = itertools.count(self.args.seed * 1_000_003)
         self._children: dict[str, list[str]] = {}
         self._arrivals = itertools.count()
@@ -91,8 +95,8 @@ class Engine:
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt must not be empty")
+            if not prompt.strip():
+                raise ValueError("prompt must not be empty or only whitespace")
             return self.tokenizer.encode(prompt)
         return list(prompt)
 
@@ -106,9 +110,11 @@ class Engine:
             raise RuntimeError("the engine has been shut down")
         params = _as_params(sampling_params)
         ids = self._validate_ids(input_ids)
-        limit = self.args.max_queued_requests
-        if limit is not None and self.loop.stats()["num_waiting"] + params.n > limit:
-            raise QueueFullError(f"the waiting queue is full ({limit} requests)")
+        with self._queue_lock:
+            limit = self.args.max_queued_requests
+            if limit is not None and self._queued + params.n > limit:
+                raise QueueFullError(f"the waiting queue is full ({limit} requests)")
+            self._queued += params.n
         params = replace(params, max_new_tokens=min(params.max_new_tokens, self.context_len - len(ids)))
         rid = rid or uuid.uuid4().hex
         rids = [rid] if params.n == 1 else [f"{rid}.{i}" for i in range(params.n)]
@@ -118,6 +124,10 @@ class Engine:
             req = self._make_req(child, ids, params, index, sink or (lambda _: None), cache_salt, stream)
             self.loop.post(lambda req=req: self.loop.add_request(req))
         return rids
+
+    def _dequeued(self, req: Req) -> None:
+        with self._queue_lock:
+            self._queued -= 1
 
     def _validate_ids(self, input_ids: Sequence[int]) -> list[int]:
         ids = list(input_ids)

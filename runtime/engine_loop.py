@@ -109,15 +109,31 @@ class EngineLoop:
             self._unblock()
             return
         try:
-            batch = ForwardBatch.build(plan.entries, self.runner.table)
-            logits = self.runner.forward(batch)
-            self._process(plan, batch, logits)
-        except Exception as exc:  # noqa: BLE001 - one bad step must not take the engine down
-            logger.error("step failed:\n%s", traceback.format_exc())
-            for req in plan.reqs:
-                if req.state is not ReqState.FINISHED:
-                    self._finish(req, "abort", error=f"internal error: {exc!r}")
+            self._run_plan(plan)
+        except Exception:  # noqa: BLE001 - one bad request must not take the others down
+            logger.error("step failed; retrying its requests one by one:\n%s", traceback.format_exc())
+            self._isolate(plan)
         self.steps += 1
+
+    def _run_plan(self, plan: StepPlan) -> None:
+        batch = ForwardBatch.build(plan.entries, self.runner.table)
+        logits = self.runner.forward(batch)
+        self._process(plan, batch, logits)
+
+    def _isolate(self, plan: StepPlan) -> None:
+        """Run each request of a failed step alone; fail only the ones that fail again.
+
+        Safe to repeat: a failed forward wrote K/V only into the requests' own slots (rewritten
+        identically now) and advanced nothing.
+        """
+        for req, entry in zip(plan.reqs, plan.entries):
+            if req.state is not ReqState.RUNNING:
+                continue
+            try:
+                self._run_plan(StepPlan([req], [entry]))
+            except Exception as exc:  # noqa: BLE001 - this request is the faulty one
+                logger.error("request %s failed: %r", req.rid, exc)
+                self._finish(req, "abort", error=f"internal error: {exc!r}")
 
     def _unblock(self) -> None:
         """Nothing could be scheduled. With nothing running, the head of the queue can never fit."""
@@ -128,57 +144,63 @@ class EngineLoop:
             time.sleep(0.001)
 
     def _process(self, plan: StepPlan, batch: ForwardBatch, logits: torch.Tensor) -> None:
+        """Score prompt positions and sample first (nothing changes if that raises), then apply."""
+        scored: list[tuple[Req, tuple[list, list]] | None] = []
         to_sample: list[tuple[Req, int]] = []
         for pos, original in enumerate(batch.order):
             req, entry = plan.reqs[original], plan.entries[original]
             start, count = batch.logit_starts[pos], batch.logit_counts[pos]
+            first_pos = entry.prefix_len + len(entry.token_ids) - count
             if entry.logits_from is not None:
-                self._prompt_logprobs(req, entry.prefix_len + len(entry.token_ids) - count,
-                                      logits[start : start + count])
+                scored.append((req, self._prompt_logprobs(req, first_pos, logits[start : start + count])))
+            if entry.prefix_len + len(entry.token_ids) == req.seq_len:
+                to_sample.append((req, start + count - 1))
+        generating = [(req, row) for req, row in to_sample if req.params.max_new_tokens > 0]
+        result = None
+        if generating:
+            rows = torch.tensor([row for _, row in generating], dtype=torch.int64)
+            result = self.sampler.sample(logits[rows], [r.params for r, _ in generating],
+                                         [(r.prompt_ids, r.output_ids) for r, _ in generating],
+                                         [r.generator for r, _ in generating])
+        # -- apply --
+        for item in scored:
+            if item is not None:
+                self._apply_prompt_logprobs(item[0], *item[1])
+        for req, entry in zip(plan.reqs, plan.entries):
             req.kv_len += len(entry.token_ids)
             if req.kv_len >= len(req.prompt_ids) and req.logprobs is not None:
                 req.prompt_logprobs_done = True
-            if req.pending == 0:
-                to_sample.append((req, start + count - 1))
-        if not to_sample:
-            return
-        rows = torch.tensor([row for _, row in to_sample], dtype=torch.int64)
-        reqs = [req for req, _ in to_sample]
-        finished_prefill = [r for r in reqs if not r.output_ids]
-        generating = [i for i, r in enumerate(reqs) if r.params.max_new_tokens > 0]
-        if generating:
-            self._sample(reqs, rows, generating, logits)
-        for req in reqs:
+        finished_prefill = [r for r, _ in to_sample if not r.output_ids]
+        if result is not None:
+            for j, (req, _) in enumerate(generating):
+                self._append(req, result.token_ids[j], result.logprobs[j], result.top_logprobs[j])
+        for req, _ in to_sample:
             if req.params.max_new_tokens == 0:
                 self._finish(req, "length")  # prefill only (e.g. warming a shared prefix)
             elif req.state is ReqState.RUNNING and req in finished_prefill:
                 self.scheduler.kv.cache_unfinished(req)
 
-    def _sample(self, reqs: list[Req], rows: torch.Tensor, generating: list[int], logits: torch.Tensor) -> None:
-        result = self.sampler.sample(
-            logits[rows[generating]], [reqs[i].params for i in generating],
-            [(reqs[i].prompt_ids, reqs[i].output_ids) for i in generating],
-            [reqs[i].generator for i in generating])
-        for j, i in enumerate(generating):
-            self._append(reqs[i], result.token_ids[j], result.logprobs[j], result.top_logprobs[j])
-
-    def _prompt_logprobs(self, req: Req, first_pos: int, rows: torch.Tensor) -> None:
+    def _prompt_logprobs(self, req: Req, first_pos: int, rows: torch.Tensor) -> tuple[list, list]:
         """rows[j] are the logits at position first_pos + j; they score prompt token first_pos + j + 1."""
-        assert req.logprobs is not None
         prompt = req.prompt_ids
         start = req.params.logprob_start_len
-        lp = req.logprobs
-        if start == 0 and not lp.input_token_logprobs:
-            lp.input_token_logprobs.append((None, prompt[0]))
-            lp.input_top_logprobs.append(None)
         positions = [first_pos + j for j in range(len(rows))]
         keep = [j for j, q in enumerate(positions) if start <= q + 1 < len(prompt)]
         if not keep:
-            return
+            return [], []
         targets = [prompt[positions[j] + 1] for j in keep]
         chosen, tops = prompt_logprobs(rows[keep], targets, req.params.top_logprobs_num)
-        lp.input_token_logprobs.extend(zip(chosen, targets))
-        lp.input_top_logprobs.extend(tops if tops else [None] * len(keep))
+        return list(zip(chosen, targets)), (tops if tops else [None] * len(keep))
+
+    def _apply_prompt_logprobs(self, req: Req, values: list, tops: list) -> None:
+        if req.logprobs is None:
+            req.logprobs = Logprobs()
+        lp = req.logprobs
+        if req.params.logprob_start_len == 0 and not lp.input_token_logprobs:
+            lp.input_token_logprobs.append((None, req.prompt_ids[0]))
+            lp.input_top_logprobs.append(None)
+        lp.input_token_logprobs.extend(values)
+        lp.input_top_logprobs.extend(tops)
 
     def _append(self, req: Req, token: int, logprob: float | None, top: list | None) -> None:
         req.output_ids.append(token)

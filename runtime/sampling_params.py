@@ -61,7 +61,7 @@ class SamplingParams:
                 raise ValueError(f"{name} must be finite, got {value!r}")
             return float(value)
 
-        check(number("max_new_tokens", True) >= 0, "max_new_tokens", "must be >= 0")
+        check(0 <= number("max_new_tokens", True) < 2**31, "max_new_tokens", "must be in [0, 2**31)")
         check(0.0 <= number("temperature") <= 100.0, "temperature", "must be in [0, 100]")
         check(0.0 < number("top_p") <= 1.0, "top_p", "must be in (0, 1]")
         top_k = number("top_k", True)
@@ -72,7 +72,7 @@ class SamplingParams:
         check(0.0 < number("repetition_penalty") <= 10.0, "repetition_penalty", "must be in (0, 10]")
         check(1 <= number("n", True) <= 64, "n", "must be in [1, 64]")
         if self.seed is not None:
-            number("seed", True)
+            check(0 <= number("seed", True) < 2**63, "seed", "must be in [0, 2**63)")
         check(-1 <= number("logprob_start_len", True), "logprob_start_len", "must be >= -1")
         check(0 <= number("top_logprobs_num", True) <= MAX_TOP_LOGPROBS, "top_logprobs_num",
               f"must be in [0, {MAX_TOP_LOGPROBS}]")

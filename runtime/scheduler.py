@@ -12,6 +12,7 @@ reserve for the decoding already under way.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from runtime.engine_args import EngineArgs
@@ -59,6 +60,7 @@ class Scheduler:
         self.running: list[Req] = []
         self.counters = SchedulerCounters()
         self.failed: list[Req] = []  # requests the scheduler gave up on this step (engine reports them)
+        self.on_dequeue: Callable[[Req], None] = lambda req: None  # a new request left the waiting queue
 
     def add(self, req: Req) -> None:
         self.waiting.append(req)
@@ -73,6 +75,8 @@ class Scheduler:
             self.kv.release(req)
         elif req.state is ReqState.WAITING and req in self.waiting:
             self.waiting.remove(req)
+            if req.cached_tokens < 0:
+                self.on_dequeue(req)
         req.state = ReqState.FINISHED
 
     # -- one step ----------------------------------------------------------------------------------
@@ -141,6 +145,7 @@ class Scheduler:
             req.state = ReqState.RUNNING
             self.running.append(req)
             if req.cached_tokens < 0:  # first admission (not a recompute after retraction)
+                self.on_dequeue(req)
                 req.cached_tokens = prefix
                 self.counters.prompt_tokens += len(req.prompt_ids)
                 self.counters.cached_tokens += prefix

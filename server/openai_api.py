@@ -63,6 +63,15 @@ def sampling_params(req: SamplingFields, default_max: int, extra_stop: Sequence[
     return params
 
 
+def check_context(state: ServerState, prompt_len: int, body: SamplingFields) -> None:
+    """As OpenAI and vLLM do: an explicit max_tokens that cannot fit is an error, not a silent cut."""
+    asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    room = state.engine.context_len - prompt_len
+    if asked is not None and asked > room:
+        raise APIError(400, f"max_tokens: {asked} tokens requested but this model's context length is "
+                            f"{state.engine.context_len} and the prompt has {prompt_len} tokens", "max_tokens")
+
+
 def usage(outs: Sequence[Output], prompts: Sequence[tuple[int, int]]) -> Usage:
     prompt_tokens = sum(p for p, _ in prompts)
     completion = sum(o.completion_tokens for o in outs)
@@ -161,6 +170,8 @@ async def completions(request: Request) -> Response:
     except ValueError as exc:
         raise bad_request(ValueError(f"prompt: {exc}")) from exc
     params = sampling_params(body, default_max=16, top_logprobs=body.logprobs)
+    for ids in prompts:
+        check_context(state, len(ids), body)
     rid = f"cmpl-{uuid.uuid4().hex}"
     state.log_request(rid, body.prompt)
     if body.stream:
@@ -296,6 +307,7 @@ async def chat_completions(request: Request) -> Response:
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, default_max=max(engine.context_len - len(ids), 1),
                              extra_stop=engine.tokenizer.chat_stop_strings, top_logprobs=top)
+    check_context(state, len(ids), body)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     state.log_request(rid, body.messages)
     if body.stream:
