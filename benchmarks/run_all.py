@@ -50,16 +50,17 @@ def ttft_samples(model: str) -> dict[str, list[float]]:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| workload | system | req/s | output tok/s | cache hit | TTFT p50 (s) | radixserve is faster by |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| workload | system | req/s | prompt tok/s | output tok/s | cache hit | TTFT p50 (s) | radixserve is faster by |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        base = r["systems"][0]["output_tokens_per_s"]
+        # Same requests for every system, so requests/s is the fair ratio (select workloads output no tokens).
+        base = r["systems"][0]["requests_per_s"]
         for s in r["systems"]:
             hit = "-" if s["cache_hit_rate"] is None else f"{s['cache_hit_rate']:.0%}"
             ttft = "-" if s["ttft_p50_s"] is None else f"{s['ttft_p50_s']:.2f}"
-            speed = f"{base / s['output_tokens_per_s']:.2f}x" if s["output_tokens_per_s"] else "-"
+            speed = f"{base / s['requests_per_s']:.2f}x" if s["requests_per_s"] else "-"
             lines.append(f"| {r['workload']} | {s['name']} | {s['requests_per_s']:.2f} | "
-                         f"{s['output_tokens_per_s']:.1f} | {hit} | {ttft} | {speed} |")
+                         f"{s['input_tokens_per_s']:.0f} | {s['output_tokens_per_s']:.1f} | {hit} | {ttft} | {speed} |")
     return "\n".join(lines)
 
 
@@ -81,8 +82,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="default")
     parser.add_argument("--workloads", nargs="+", default=QUICK_WORKLOADS)
     parser.add_argument("--no-readme", action="store_true")
+    parser.add_argument("--from-results", action="store_true",
+                        help="rebuild plots and the README table from the JSON files of the last run")
     args = parser.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.from_results:
+        results = [json.loads((RESULTS / f"offline-{name}.json").read_text()) for name in args.workloads]
+        plots.throughput_by_workload(results, RESULTS / "throughput.png")
+        plots.ttft_by_system(results, RESULTS / "ttft-by-system.png")
+        stamp = time.strftime("%Y-%m-%d", time.localtime((RESULTS / f"offline-{args.workloads[0]}.json").stat().st_mtime))
+        update_readme(results, stamp)
+        print(table(results))
+        return
     results = []
     for i, name in enumerate(args.workloads):
         print(f"== {name}", flush=True)
