@@ -5,8 +5,10 @@
   the matching costs more than it earns and it falls back to fcfs.
 - `dfs-weight`: walk the radix tree depth first, heavier subtrees (more waiting requests) first,
   so requests sharing a prefix run back to back.
-In-batch prefix dedupe: when several waiting requests share a prefix that is not cached yet,
-only the first is admitted this round; the others wait one round and then hit the cache.
+In-batch prefix dedupe: when several waiting requests share a prefix that is not cached yet
+(at least IN_BATCH_CHECK_THRESHOLD tokens beyond what is cached), only the first is admitted
+this round; the others wait one round and then hit the cache. Checked at every depth, so
+requests sharing a cached system prompt and an uncached document still share the document.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from radix import RadixCache, SlotAllocator, TreeNode
 from radix.base import BasePrefixCache
 from runtime.request import Req
 
-# A request whose cached prefix is shorter than this is checked against the others in its round.
+# A request waits a round when another request of its round will compute at least this many more
+# of its prefix tokens than the cache already holds.
 IN_BATCH_CHECK_THRESHOLD = 32
 
 
@@ -62,11 +65,12 @@ class SchedulePolicy:
         pending = RadixCache(SlotAllocator(self.page_size, self.page_size), self.page_size)
         for cand in sorted(candidates, key=lambda c: c.req.arrival):
             ids = cand.req.all_ids[: cand.req.max_prefix_match()]
-            threshold = min(IN_BATCH_CHECK_THRESHOLD, len(ids) // self.page_size * self.page_size)
-            if len(cand.prefix) >= threshold or threshold == 0:
+            uncached = len(ids) // self.page_size * self.page_size - len(cand.prefix)
+            threshold = min(IN_BATCH_CHECK_THRESHOLD, uncached)
+            if threshold <= 0:
                 continue
             shared = len(pending.match_prefix(ids, cand.req.extra_key).indices)
-            if shared >= threshold and shared > len(cand.prefix):
+            if shared - len(cand.prefix) >= threshold:
                 cand.deprioritized = True
             else:
                 # Slot values are irrelevant here: this tree only records which prefixes are coming.

@@ -230,3 +230,14 @@ def test_cache_salt_namespaces_the_cache(engine: Engine) -> None:
     other = engine.generate(input_ids=prompt, sampling_params={**GREEDY, "max_new_tokens": 1}, cache_salt="tenant-b")
     same = engine.generate(input_ids=prompt, sampling_params={**GREEDY, "max_new_tokens": 1}, cache_salt="tenant-a")
     assert other[0].cached_tokens == 0 and same[0].cached_tokens == 29
+
+
+def test_dedupe_shares_uncached_documents_behind_a_cached_system_prompt(engine: Engine) -> None:
+    system, docs = _rand(40, 20), [_rand(50, 21), _rand(50, 22)]
+    engine.generate(input_ids=system + [7], sampling_params={**GREEDY, "max_new_tokens": 1})  # cache the system prompt
+    before = engine.stats()["computed_prompt_tokens_total"]
+    prompts = [system + docs[i % 2] + _rand(4, 30 + i) for i in range(6)]
+    engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 2})
+    computed = engine.stats()["computed_prompt_tokens_total"] - before
+    # Each document once (2 x 50), then only each request's own question (6 x 4), not 6 x 54.
+    assert computed == 2 * 50 + 6 * 4
