@@ -11,41 +11,35 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def throughput_by_workload(results: list[dict], out: Path) -> Path:
+def _grouped_bars(results: list[dict], key: str, ylabel: str, title: str, out: Path, log: bool = False) -> Path:
+    """One group of bars per workload, one bar per system."""
     systems = [s["name"] for s in results[0]["systems"]]
     workloads = [r["workload"] for r in results]
     fig, ax = plt.subplots(figsize=(9, 4.5))
     width = 0.8 / len(systems)
     for i, name in enumerate(systems):
-        values = [next((s["output_tokens_per_s"] for s in r["systems"] if s["name"] == name), 0) for r in results]
+        values = [next((s[key] or 0 for s in r["systems"] if s["name"] == name), 0) for r in results]
         ax.bar([w + i * width for w in range(len(workloads))], values, width, label=name)
     ax.set_xticks([w + width * (len(systems) - 1) / 2 for w in range(len(workloads))], workloads)
-    ax.set_ylabel("output tokens / s")
-    ax.set_title("Throughput by workload and system (one run, same machine)")
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def throughput_by_workload(results: list[dict], out: Path) -> Path:
+    return _grouped_bars(results, "requests_per_s", "requests / s",
+                         "Throughput by workload and system (one run, same machine)", out)
 
 
 def ttft_by_system(results: list[dict], out: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    systems = [s["name"] for s in results[0]["systems"]]
-    width = 0.8 / len(systems)
-    workloads = [r["workload"] for r in results]
-    for i, name in enumerate(systems):
-        values = [next((s["ttft_p50_s"] or 0 for s in r["systems"] if s["name"] == name), 0) for r in results]
-        ax.bar([w + i * width for w in range(len(workloads))], values, width, label=name)
-    ax.set_xticks([w + width * (len(systems) - 1) / 2 for w in range(len(workloads))], workloads)
-    ax.set_ylabel("time to first token, p50 (s)")
-    ax.set_yscale("log")
-    ax.set_title("Time to first token (lower is better)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _grouped_bars(results, "ttft_p50_s", "time to first token, p50 (s)",
+                         "Time to first token (lower is better)", out, log=True)
 
 
 def ttft_cdf(samples: dict[str, list[float]], out: Path) -> Path:

@@ -5,14 +5,12 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import openai
 
 from server.cli import parse
-from tests.server.harness import free_port
+from tests.server.harness import free_port, wait_healthy
 
 
 def test_flags_are_generated_from_engine_args() -> None:
@@ -34,13 +32,7 @@ def test_server_process_serves_and_stops_on_sigterm(tiny_folder: Path) -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_healthy(url, timeout=120)
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         out = client.completions.create(model=str(tiny_folder), prompt="hello", max_tokens=3, temperature=0)
         assert out.usage.completion_tokens >= 1
