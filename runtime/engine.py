@@ -72,7 +72,6 @@ class Engine:
         self._queue_lock = threading.Lock()
         self.scheduler.on_dequeue = self._dequeued
         self._seeds = itertools.count(self.args.seed * 1_000_003)
-        self._children: dict[str, list[str]] = {}
         self._arrivals = itertools.count()
         self._closed = False
 
@@ -118,8 +117,6 @@ class Engine:
         params = replace(params, max_new_tokens=min(params.max_new_tokens, self.context_len - len(ids)))
         rid = rid or uuid.uuid4().hex
         rids = [rid] if params.n == 1 else [f"{rid}.{i}" for i in range(params.n)]
-        if params.n > 1:
-            self._children[rid] = rids
         for index, child in enumerate(rids):
             req = self._make_req(child, ids, params, index, sink or (lambda _: None), cache_salt, stream)
             self.loop.post(lambda req=req: self.loop.add_request(req))
@@ -193,8 +190,8 @@ class Engine:
                 self.abort(rid)
 
     def abort(self, rid: str) -> None:
-        for child in self._children.pop(rid, [rid]):
-            self.loop.post(lambda child=child: self.loop.abort(child))
+        """Abort a request (with n > 1, all its samples); unknown or finished ids are ignored."""
+        self.loop.post(lambda: self.loop.abort(rid))
 
     def flush_cache(self) -> bool:
         result: list[bool] = []

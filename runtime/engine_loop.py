@@ -260,9 +260,9 @@ class EngineLoop:
         self.scheduler.add(req)
 
     def abort(self, rid: str) -> None:
-        req = self.requests.get(rid)
-        if req is not None:
-            self._finish(req, "abort")
+        """Abort `rid`, or every sample `rid.i` of an n > 1 request."""
+        for key in [k for k in self.requests if k == rid or k.startswith(rid + ".")]:
+            self._finish(self.requests[key], "abort")
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix nobody is using; a full reset when nothing runs."""

@@ -54,8 +54,7 @@ async def run_request(engine: Engine, metrics: Metrics, input_ids: Sequence[int]
             yield out
         metrics.e2e.observe(time.perf_counter() - timing.start)
     finally:
-        if remaining:
-            engine.abort(rid if rid is not None and len(rids) > 1 else rids[0])
+        if remaining:  # the client went away: free the KV of every sample still running
             for child in rids:
                 engine.abort(child)
 

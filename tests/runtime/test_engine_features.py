@@ -241,3 +241,22 @@ def test_dedupe_shares_uncached_documents_behind_a_cached_system_prompt(engine: 
     computed = engine.stats()["computed_prompt_tokens_total"] - before
     # Each document once (2 x 50), then only each request's own question (6 x 4), not 6 x 54.
     assert computed == 2 * 50 + 6 * 4
+
+
+def test_abort_parent_id_aborts_every_sample(engine: Engine) -> None:
+    import threading
+
+    finals = []
+    done = threading.Event()
+
+    def sink(out) -> None:  # noqa: ANN001
+        if out.finished:
+            finals.append(out)
+            if len(finals) == 3:
+                done.set()
+
+    rids = engine.submit(_rand(8, 40), {**GREEDY, "max_new_tokens": 10_000, "n": 3}, sink, rid="parent")
+    assert rids == ["parent.0", "parent.1", "parent.2"]
+    engine.abort("parent")
+    assert done.wait(10)
+    assert sorted(o.rid for o in finals) == rids and all(o.finish_reason == "abort" for o in finals)
