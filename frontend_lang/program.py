@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from frontend_lang.backends.base import Backend
 from frontend_lang.backends.engine_backend import EngineBackend
-from frontend_lang.ir import Gen, Select
+from frontend_lang.ir import Gen, RoleBlock, Select
 from frontend_lang.state import ProgramState
 
 _default_backend: Backend | None = None
@@ -53,8 +53,13 @@ class _TracingState(ProgramState):
     def __iadd__(self, expr: object) -> ProgramState:
         if isinstance(expr, (Gen, Select)):
             raise _StopTracing
-        if hasattr(expr, "parts") and any(isinstance(p, (Gen, Select)) for p in expr.parts):  # a role block
-            self._run_expr(type(expr)(expr.role, [p for p in expr.parts if isinstance(p, str)]))  # type: ignore[attr-defined]
+        if isinstance(expr, RoleBlock) and any(isinstance(p, (Gen, Select)) for p in expr.parts):
+            # The text before the role's first model call is still shared text.
+            self._begin_role(expr.role)
+            for part in expr.parts:
+                if isinstance(part, (Gen, Select)):
+                    break
+                self._run_expr(part)
             raise _StopTracing
         self._run_expr(expr)  # type: ignore[arg-type]
         return self

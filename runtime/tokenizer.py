@@ -2,44 +2,74 @@
 
 Also knows the model's stop tokens (generation_config.json's `eos_token_id` plus the
 tokenizer's) and, for chat, its stop strings (generation_config.json's `stop_strings`).
+A folder without tokenizer files still serves token ids (`input_ids` in, `token_ids` out);
+text in then raises a ValueError saying so, and text out is empty.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Sequence
 
 # Families whose checkpoints degenerate without BOS first (Gemma's tokenizer may not add it).
 _NEEDS_BOS = ("gemma",)
+logger = logging.getLogger(__name__)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "tokenizer_config.json")
 
 
 class Tokenizer:
     def __init__(self, folder: Path, model_type: str = "") -> None:
         from transformers import AutoTokenizer
 
-        self.hf = AutoTokenizer.from_pretrained(str(folder))
-        self.bos_token_id: int | None = self.hf.bos_token_id
+        self.hf = None
+        if any((folder / name).is_file() for name in _TOKENIZER_FILES):
+            try:
+                self.hf = AutoTokenizer.from_pretrained(str(folder))
+            except (OSError, ValueError, TypeError) as exc:
+                logger.warning("no usable tokenizer in %s (%s): serving token ids only", folder, exc)
+        else:
+            # transformers would build an empty tokenizer from the model type; we refuse text instead.
+            logger.warning("no tokenizer files in %s: serving token ids only", folder)
+        self.bos_token_id: int | None = self.hf.bos_token_id if self.hf is not None else None
         self.needs_bos = any(model_type.startswith(p) for p in _NEEDS_BOS) and self.bos_token_id is not None
-        gen = _read_json(folder / "generation_config.json")
+        gen = _read_json(folder / "generation_config.json") or _read_json(folder / "config.json")
         eos = gen.get("eos_token_id")
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        if self.hf.eos_token_id is not None:
+        if self.hf is not None and self.hf.eos_token_id is not None:
             eos_ids.add(self.hf.eos_token_id)
         self.eos_token_ids: frozenset[int] = frozenset(int(e) for e in eos_ids)
         stops = gen.get("stop_strings") or []
         self.chat_stop_strings: list[str] = [stops] if isinstance(stops, str) else list(stops)
-        self.vocab_size = len(self.hf)
+
+    @property
+    def chat_template(self) -> str | None:
+        return getattr(self.hf, "chat_template", None) or None
+
+    @property
+    def bos_token(self) -> str | None:
+        return self.hf.bos_token if self.hf is not None else None
+
+    @property
+    def eos_token(self) -> str | None:
+        return self.hf.eos_token if self.hf is not None else None
+
+    def _require(self) -> object:
+        if self.hf is None:
+            raise ValueError("prompt: this model folder has no tokenizer; send token ids (input_ids) instead")
+        return self.hf
 
     @property
     def has_chat_template(self) -> bool:
-        return bool(getattr(self.hf, "chat_template", None))
+        return self.chat_template is not None
 
     def encode(self, text: str) -> list[int]:
         # Text already starting with the BOS string (a rendered chat template) must not get a second one.
-        bos = self.hf.bos_token
+        hf = self._require()
+        bos = hf.bos_token
         add_special = not (bos and text.startswith(bos))
-        return self._with_bos(self.hf(text, add_special_tokens=add_special).input_ids)
+        return self._with_bos(hf(text, add_special_tokens=add_special).input_ids)
 
     def apply_chat_template(self, messages: list[dict[str, object]], add_generation_prompt: bool = True) -> str:
         if not self.has_chat_template:
@@ -52,9 +82,11 @@ class Tokenizer:
     def encode_chat(self, messages: list[dict[str, object]], add_generation_prompt: bool = True) -> list[int]:
         text = self.apply_chat_template(messages, add_generation_prompt)
         # The template writes BOS itself where the model wants it.
-        return self._with_bos(self.hf(text, add_special_tokens=False).input_ids)
+        return self._with_bos(self._require()(text, add_special_tokens=False).input_ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        if self.hf is None:
+            return ""
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def _with_bos(self, ids: list[int]) -> list[int]:

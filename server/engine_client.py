@@ -67,3 +67,33 @@ async def collect(engine: Engine, metrics: Metrics, input_ids: Sequence[int], pa
         if out.error:
             raise APIError(500, out.error)
     return sorted(finals, key=lambda o: o.index)
+
+
+class PrimedStream:
+    """An output stream whose first item is fetched early, so submission errors raise before a
+    streaming response has started (and become plain 4xx responses)."""
+
+    def __init__(self, inner: AsyncIterator[Output]) -> None:
+        self.inner = inner
+        self.first: Output | None = None
+        self.done = False
+
+    async def prime(self) -> None:
+        try:
+            self.first = await self.inner.__anext__()
+        except StopAsyncIteration:
+            self.done = True
+
+    def __aiter__(self) -> PrimedStream:
+        return self
+
+    async def __anext__(self) -> Output:
+        if self.first is not None:
+            out, self.first = self.first, None
+            return out
+        if self.done:
+            raise StopAsyncIteration
+        return await self.inner.__anext__()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()  # type: ignore[attr-defined]

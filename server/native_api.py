@@ -12,9 +12,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from runtime import Output, SamplingParams
-from server.engine_client import collect, run_request
+from server.engine_client import PrimedStream, collect, run_request
 from server.errors import APIError, bad_request
-from server.openai_api import _Primed, json_response, sse
+from server.openai_api import json_response, sse
 from server.protocol import AbortRequest, FinishReason, GenerateRequest, GenerateResponse, HealthStatus, MetaInfo
 from server.state import ServerState, decode_body
 
@@ -90,7 +90,7 @@ async def generate(request: Request) -> Response:
     if body.stream:
         if len(prompts) != 1 or params[0].n != 1:
             raise APIError(400, "stream: one prompt with n = 1 per streamed request", "stream")
-        stream = _Primed(run_request(state.engine, state.metrics, prompts[0], params[0],
+        stream = PrimedStream(run_request(state.engine, state.metrics, prompts[0], params[0],
                                      rid=rids[0] if rids else None, cache_salt=body.cache_salt, stream=True))
         await stream.prime()
         return StreamingResponse(sse(_events(state, stream)), media_type="text/event-stream")
@@ -136,9 +136,9 @@ async def get_model_info(request: Request) -> Response:
         "dtype": str(engine.runner.dtype).removeprefix("torch."),
         "is_generation": True,
         # What a client-side interpreter (frontend_lang.RuntimeEndpoint) needs to render chat turns.
-        "chat_template": engine.tokenizer.hf.chat_template if engine.tokenizer.has_chat_template else None,
-        "bos_token": engine.tokenizer.hf.bos_token,
-        "eos_token": engine.tokenizer.hf.eos_token,
+        "chat_template": engine.tokenizer.chat_template,
+        "bos_token": engine.tokenizer.bos_token,
+        "eos_token": engine.tokenizer.eos_token,
         "chat_stop_strings": engine.tokenizer.chat_stop_strings,
     })
 

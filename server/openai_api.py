@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from runtime import Output, SamplingParams
-from server.engine_client import collect, run_request
+from server.engine_client import PrimedStream, collect, run_request
 from server.errors import APIError, bad_request, error_json
 from server.protocol import (AssistantMessage, ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
                              ChatCompletionResponse, ChatDeltaChoice, ChoiceLogprobs, CompletionChoice, DeltaMessage,
@@ -177,7 +177,9 @@ async def completions(request: Request) -> Response:
     if body.stream:
         streams = [run_request(engine, state.metrics, ids, params, cache_salt=body.cache_salt, stream=True)
                    for ids in prompts]
-        await _prevalidate(streams)
+        streams = [PrimedStream(s) for s in streams]
+        for stream in streams:  # submit now: bad input is a plain 400, not an error inside the event stream
+            await stream.prime()
         return StreamingResponse(sse(_completion_events(state, rid, body, params.n, streams)),
                                  media_type="text/event-stream")
     results = await asyncio.gather(*(collect(engine, state.metrics, ids, params, cache_salt=body.cache_salt)
@@ -193,42 +195,6 @@ async def completions(request: Request) -> Response:
     state.log_response(rid, [c.text for c in choices])
     return json_response(CompletionResponse(id=rid, created=int(time.time()), model=state.served_model_name,
                                             choices=choices, usage=usage(outs, prompt_usage)))
-
-
-async def _prevalidate(streams: list[AsyncIterator[Output]]) -> None:
-    """Submit now, so bad input is a plain 400 rather than an error inside an event stream."""
-    for i, stream in enumerate(streams):
-        streams[i] = _Primed(stream)  # type: ignore[call-overload]
-        await streams[i].prime()  # type: ignore[attr-defined]
-
-
-class _Primed:
-    """An async iterator whose first item was fetched early (so submission errors raise here)."""
-
-    def __init__(self, inner: AsyncIterator[Output]) -> None:
-        self.inner = inner
-        self.first: Output | None = None
-        self.done = False
-
-    async def prime(self) -> None:
-        try:
-            self.first = await self.inner.__anext__()
-        except StopAsyncIteration:
-            self.done = True
-
-    def __aiter__(self) -> _Primed:
-        return self
-
-    async def __anext__(self) -> Output:
-        if self.first is not None:
-            out, self.first = self.first, None
-            return out
-        if self.done:
-            raise StopAsyncIteration
-        return await self.inner.__anext__()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()  # type: ignore[attr-defined]
 
 
 async def _completion_events(state: ServerState, rid: str, body: CompletionRequest, n: int,
@@ -311,7 +277,7 @@ async def chat_completions(request: Request) -> Response:
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     state.log_request(rid, body.messages)
     if body.stream:
-        stream = _Primed(run_request(engine, state.metrics, ids, params, cache_salt=body.cache_salt, stream=True))
+        stream = PrimedStream(run_request(engine, state.metrics, ids, params, cache_salt=body.cache_salt, stream=True))
         await stream.prime()
         return StreamingResponse(sse(_chat_events(state, rid, body, stream)), media_type="text/event-stream")
     outs = await collect(engine, state.metrics, ids, params, cache_salt=body.cache_salt)

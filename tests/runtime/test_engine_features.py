@@ -260,3 +260,15 @@ def test_abort_parent_id_aborts_every_sample(engine: Engine) -> None:
     engine.abort("parent")
     assert done.wait(10)
     assert sorted(o.rid for o in finals) == rids and all(o.finish_reason == "abort" for o in finals)
+
+
+def test_a_folder_without_tokenizer_serves_token_ids(tmp_path: Path) -> None:
+    folder = save_tiny_model("qwen2", tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        (folder / name).unlink(missing_ok=True)
+    want = reference_greedy(folder, [[5, 6, 7, 8]], 5)[0]
+    with Engine(model=str(folder), dtype="float32", kv_cache_tokens=256) as eng:
+        out = eng.generate(input_ids=[5, 6, 7, 8], sampling_params={**GREEDY, "max_new_tokens": 5})[0]
+        assert out.token_ids == want and out.text == ""
+        with pytest.raises(ValueError, match="no tokenizer"):
+            eng.generate(prompts="hello")
