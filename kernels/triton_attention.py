@@ -22,7 +22,19 @@ import triton.language as tl
 
 from kernels.metadata import AttentionMetadata
 
-NEG = -1.0e30  # finite "minus infinity": keeps fully masked blocks free of inf - inf = NaN
+# Finite "minus infinity": keeps fully masked blocks free of inf - inf = NaN. A constexpr, since
+# compiled Triton reads only constexpr globals.
+NEG = tl.constexpr(-1.0e30)
+
+
+@triton.jit
+def _softmax_step(m_i, l_i, qk, allowed):
+    """One online-softmax update over a block of scores: new max, new sum, weights, rescale factor."""
+    qk = tl.where(allowed, qk, NEG)
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    p = tl.where(allowed, tl.exp(qk - m_new[:, None]), 0.0)
+    alpha = tl.exp(m_i - m_new)
+    return m_new, l_i * alpha + tl.sum(p, axis=1), p, alpha
 
 
 @triton.jit
@@ -70,13 +82,8 @@ def _decode_split(q_ptr, k_cache_ptr, v_cache_ptr, table_ptr, seq_lens_ptr, part
         k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(tl.float32)
         v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(tl.float32)
         qk = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
-        qk = tl.where(p_mask[None, :], qk, NEG)
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        p = tl.where(p_mask[None, :], tl.exp(qk - m_new[:, None]), 0.0)
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i, l_i, p, alpha = _softmax_step(m_i, l_i, qk, p_mask[None, :])
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-        m_i = m_new
 
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -140,13 +147,8 @@ def _extend(q_ptr, k_cache_ptr, v_cache_ptr, table_ptr, prefix_ptr, extend_ptr, 
             allowed = p_mask[None, :] & (pos[None, :] <= q_pos[:, None])
             if window > 0:
                 allowed = allowed & (pos[None, :] > q_pos[:, None] - window)
-            qk = tl.where(allowed, qk, NEG)
-            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-            p = tl.where(allowed, tl.exp(qk - m_new[:, None]), 0.0)
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i, l_i, p, alpha = _softmax_step(m_i, l_i, qk, allowed)
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-            m_i = m_new
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + ((q_start + m) * H + h)[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=m_mask[:, None] & d_mask[None, :])
