@@ -158,8 +158,10 @@ class EngineLoop:
         generating = [(req, row) for req, row in to_sample if req.params.max_new_tokens > 0]
         result = None
         if generating:
-            rows = torch.tensor([row for _, row in generating], dtype=torch.int64)
-            result = self.sampler.sample(logits[rows], [r.params for r, _ in generating],
+            rows = [row for _, row in generating]
+            # A plain decode step samples every row in order: no need to copy the logits.
+            picked = logits if rows == list(range(logits.shape[0])) else logits[torch.tensor(rows)]
+            result = self.sampler.sample(picked, [r.params for r, _ in generating],
                                          [(r.prompt_ids, r.output_ids) for r, _ in generating],
                                          [r.generator for r, _ in generating])
         # -- apply --
