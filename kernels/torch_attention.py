@@ -47,9 +47,11 @@ class TorchAttentionBackend:
             ki = k_cache.index_select(0, slots).transpose(0, 1)  # [KVH, prefix + n, D]
             vi = v_cache.index_select(0, slots).transpose(0, 1)
             mask = _extend_mask(meta, i, prefix, n, window)
-            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, is_causal=mask is None,
+            # 4-D inputs (a batch of one) take the CPU flash kernel; 3-D ones fall back to the
+            # math path (measured: 1.4 ms vs 10 ms for 512 tokens, 4 heads, head dim 256).
+            oi = F.scaled_dot_product_attention(qi[None], ki[None], vi[None], attn_mask=mask, is_causal=mask is None,
                                                 scale=scale, enable_gqa=qi.shape[0] != ki.shape[0])
-            out[start : start + n] = oi.transpose(0, 1)
+            out[start : start + n] = oi[0].transpose(0, 1)
             start += n
 
     def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
