@@ -36,6 +36,7 @@ class ProgramState:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixserve-program")
         self._events: queue.Queue[object] = queue.Queue()
         self._lock = threading.Lock()
+        self._forks: list[ProgramState] = []
 
     # -- building ------------------------------------------------------------------------------------
 
@@ -120,7 +121,9 @@ class ProgramState:
         """`n` states sharing this one's text; the shared trunk is computed (and cached) once, first."""
         self.sync()
         self.backend.warm(self._text)
-        return [self._copy() for _ in range(n)]
+        children = [self._copy() for _ in range(n)]
+        self._forks.extend(children)
+        return children
 
     def _copy(self) -> ProgramState:
         child = ProgramState(self.backend, self.defaults, self.stream)
@@ -129,12 +132,16 @@ class ProgramState:
         return child
 
     def finish(self) -> None:
-        """Mark the end of the program (for text_iter) once queued work is done."""
+        """Mark the end of the program (for text_iter) once queued work is done, then let the
+        worker threads (this state's and its forks') exit when their queued work is through."""
         self._submit(lambda: None)
         self._executor.submit(lambda: self._events.put(_DONE))
+        self._release_workers()
 
-    def close(self) -> None:
-        self._executor.shutdown(wait=False)
+    def _release_workers(self) -> None:
+        self._executor.shutdown(wait=False)  # queued work still runs; the thread then exits
+        for child in self._forks:
+            child._release_workers()
 
     def __repr__(self) -> str:
         return f"ProgramState(text={self._text[-80:]!r}, vars={sorted(self._vars)})"

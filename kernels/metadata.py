@@ -49,15 +49,6 @@ class AttentionMetadata:
         """Start of each request's new tokens in the batch, plus the total (CSR form)."""
         return _indptr(self.extend_lens)
 
-    def kv_indptr(self) -> torch.Tensor:
-        return _indptr(self.seq_lens)
-
-    def kv_indices(self) -> torch.Tensor:
-        """Every request's slots, concatenated (CSR form, for kernels that want it flat)."""
-        lens = torch.tensor(self.seq_lens, dtype=torch.int64)
-        cols = torch.arange(self.slot_table.shape[1], dtype=torch.int64)
-        return self.slot_table[cols[None, :] < lens[:, None]]
-
 
 def _indptr(lengths: list[int]) -> torch.Tensor:
     out = torch.zeros(len(lengths) + 1, dtype=torch.int64)

@@ -77,7 +77,7 @@ class Engine:
 
     def _sizes(self, config: object) -> tuple[int, int]:
         page = self.args.page_size
-        dtype = resolve_dtype(self.args.dtype, config)
+        dtype = resolve_dtype(self.args.dtype)
         if self.args.kv_cache_tokens:
             tokens = self.args.kv_cache_tokens
         else:

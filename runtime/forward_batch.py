@@ -37,10 +37,6 @@ class ForwardBatch:
     order: list[int]  # batch position i holds entries[order[i]] of the list given to build()
 
     @property
-    def batch_size(self) -> int:
-        return len(self.extend_lens)
-
-    @property
     def max_seq_len(self) -> int:
         return max(p + e for p, e in zip(self.prefix_lens, self.extend_lens))
 

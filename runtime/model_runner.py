@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def resolve_dtype(name: str, config: object) -> torch.dtype:
+def resolve_dtype(name: str) -> torch.dtype:
     """`auto` is bfloat16 on this CPU (measured: see benchmarks/), else the named dtype."""
     if name == "auto":
         return torch.bfloat16
@@ -64,7 +64,7 @@ class ModelRunner:
         from transformers import AutoConfig
 
         self.config = AutoConfig.from_pretrained(str(cfg.model_path))
-        self.dtype = resolve_dtype(cfg.dtype, self.config)
+        self.dtype = resolve_dtype(cfg.dtype)
         self.model, _ = load_model(cfg.model_path, self.dtype)
         self.vocab_size: int = self.config.vocab_size
         self.context_len = min(cfg.max_context, int(getattr(self.config, "max_position_embeddings", cfg.max_context)))

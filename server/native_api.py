@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -169,6 +168,3 @@ async def health(request: Request) -> Response:
         return json_response(HealthStatus("ok"))
     return json_response(HealthStatus("unhealthy"), status=503)
 
-
-def new_rid() -> str:
-    return uuid.uuid4().hex
