@@ -40,9 +40,10 @@ class TorchAttentionBackend:
     def _extend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                 scale: float, window: int | None, out: torch.Tensor) -> None:
         start = 0
+        table = meta.batch_table()
         for i in range(meta.num_extend_reqs):
             prefix, n = meta.prefix_lens[i], meta.extend_lens[i]
-            slots = meta.slot_table[i, : prefix + n]
+            slots = table[i, : prefix + n]
             qi = q[start : start + n].transpose(0, 1)  # [H, n, D]
             ki = k_cache.index_select(0, slots).transpose(0, 1)  # [KVH, prefix + n, D]
             vi = v_cache.index_select(0, slots).transpose(0, 1)
@@ -73,8 +74,8 @@ def _extend_mask(meta: AttentionMetadata, i: int, prefix: int, n: int, window: i
     key = ("extend", i, window)
     mask = meta.cache.get(key)
     if mask is None:
-        q_pos = torch.arange(prefix, prefix + n)[:, None]
-        k_pos = torch.arange(prefix + n)[None, :]
+        q_pos = torch.arange(prefix, prefix + n, device=meta.device)[:, None]
+        k_pos = torch.arange(prefix + n, device=meta.device)[None, :]
         mask = k_pos <= q_pos
         if window is not None:
             mask &= k_pos > q_pos - window
@@ -88,13 +89,13 @@ def _decode_table(meta: AttentionMetadata, window: int | None) -> tuple[torch.Te
     cached = meta.cache.get(key)
     if cached is None:
         first = meta.num_extend_reqs
-        lens = torch.tensor(meta.seq_lens[first:], dtype=torch.int64)
-        max_len = int(lens.max())
+        lens = meta.seq_lens_t[first:].long()
+        max_len = max(meta.seq_lens[first:])  # host ints: no device sync
         span = max_len if window is None else min(window, max_len)
         # Column j holds position (len - span + j); negative positions are padding.
-        cols = torch.arange(span, dtype=torch.int64)[None, :] + (lens[:, None] - span)
+        cols = torch.arange(span, dtype=torch.int64, device=meta.device)[None, :] + (lens[:, None] - span)
         valid = cols >= 0
-        table = meta.slot_table[first:].gather(1, cols.clamp(min=0))
+        table = meta.batch_table()[first:].gather(1, cols.clamp(min=0))
         cached = (table, valid[:, None, None, :])
         meta.cache[key] = cached
     return cached  # type: ignore[return-value]

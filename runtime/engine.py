@@ -23,9 +23,7 @@ from runtime.detokenizer import IncrementalDetokenizer
 from runtime.engine_args import EngineArgs
 from runtime.engine_loop import EngineLoop
 from runtime.kv_manager import KVManager
-from runtime.kv_pool import available_memory_bytes, kv_bytes_per_token
-from runtime.model_runner import ModelRunner, RunnerConfig, resolve_dtype
-from runtime.models.llama import head_dim_of
+from runtime.model_runner import ModelRunner, RunnerConfig, load_config
 from runtime.output import Output
 from runtime.request import Req
 from runtime.sampling_params import SamplingParams
@@ -50,23 +48,24 @@ class Engine:
         if self.args.num_threads:
             torch.set_num_threads(self.args.num_threads)
         self.model_path = resolve_model_path(self.args.model)
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(str(self.model_path))
+        config = load_config(self.model_path)
         self.model_config = config
-        num_slots, context_len = self._sizes(config)
         self.tokenizer = Tokenizer(self.model_path, getattr(config, "model_type", ""))
         page = self.args.page_size
-        self.runner = ModelRunner(RunnerConfig(self.model_path, self.args.dtype, num_slots,
-                                               self.args.max_running_requests, context_len,
-                                               self.args.attention_backend))
+        model_max = int(getattr(config, "max_position_embeddings", MAX_DEFAULT_CONTEXT))
+        a = self.args
+        self.runner = ModelRunner(RunnerConfig(
+            self.model_path, a.dtype, a.kv_cache_tokens, a.max_running_requests,
+            a.context_length or min(model_max, MAX_DEFAULT_CONTEXT), a.attention_backend, a.device, a.load_format,
+            page, a.kv_cache_memory_fraction, a.max_kv_cache_tokens), config)
+        self.device = self.runner.device
         self.context_len = self.runner.context_len
-        self.allocator = SlotAllocator(num_slots, page)
-        self.cache = RadixCache(self.allocator, page) if self.args.enable_prefix_cache else NoPrefixCache(self.allocator, page)
-        kv = KVManager(self.allocator, self.cache, self.runner.table, self.args.enable_prefix_cache)
-        policy = SchedulePolicy(self.args.schedule_policy, self.cache, self.args.lpm_fallback_queue_len, page)
-        self.scheduler = Scheduler(self.args, kv, policy)
-        self.loop = EngineLoop(self.runner, self.tokenizer, self.scheduler, self.allocator, self.cache, self.context_len)
+        self.allocator = SlotAllocator(self.runner.num_slots, page)
+        self.cache = RadixCache(self.allocator, page) if a.enable_prefix_cache else NoPrefixCache(self.allocator, page)
+        kv = KVManager(self.allocator, self.cache, self.runner.table, a.enable_prefix_cache)
+        policy = SchedulePolicy(a.schedule_policy, self.cache, a.lpm_fallback_queue_len, page)
+        self.scheduler = Scheduler(a, kv, policy)
+        self.loop = EngineLoop(self.runner, self.tokenizer, self.scheduler, self.context_len)
         # New requests not yet admitted, counted at once (the loop's stats lag a step behind).
         self._queued = 0
         self._queue_lock = threading.Lock()
@@ -74,21 +73,6 @@ class Engine:
         self._seeds = itertools.count(self.args.seed * 1_000_003)
         self._arrivals = itertools.count()
         self._closed = False
-
-    def _sizes(self, config: object) -> tuple[int, int]:
-        page = self.args.page_size
-        dtype = resolve_dtype(self.args.dtype)
-        if self.args.kv_cache_tokens:
-            tokens = self.args.kv_cache_tokens
-        else:
-            per_token = kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads,
-                                           head_dim_of(config), dtype)
-            tokens = int(available_memory_bytes() * self.args.kv_cache_memory_fraction) // per_token
-            tokens = min(tokens, self.args.max_kv_cache_tokens)
-        num_slots = max(tokens // page, 1) * page
-        model_max = int(getattr(config, "max_position_embeddings", MAX_DEFAULT_CONTEXT))
-        context = self.args.context_length or min(model_max, MAX_DEFAULT_CONTEXT)
-        return num_slots, min(context, model_max, num_slots)
 
     # -- submitting ---------------------------------------------------------------------------------
 
@@ -142,9 +126,8 @@ class Engine:
     def _make_req(self, rid: str, ids: list[int], params: SamplingParams, index: int, sink: Sink,
                   cache_salt: str | None, stream: bool) -> Req:
         seed = params.seed + index if params.seed is not None else next(self._seeds)
-        generator = torch.Generator().manual_seed(seed)
         detok = IncrementalDetokenizer(self.tokenizer, ids, list(params.stop), params.skip_special_tokens)
-        return Req(rid=rid, prompt_ids=ids, params=params, detok=detok, sink=sink, generator=generator,
+        return Req(rid=rid, prompt_ids=ids, params=params, detok=detok, sink=sink, seed=seed % 2**63,
                    extra_key=cache_salt, index=index, arrival=next(self._arrivals), stream=stream)
 
     # -- the user API -------------------------------------------------------------------------------

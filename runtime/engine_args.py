@@ -5,16 +5,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
+LOAD_FORMATS = ("auto", "dummy")
 
 
 @dataclass
 class EngineArgs:
     model: str = field(default="default", metadata={"help": "'default' (Gemma 3 270M) or a local Hugging Face folder"})
-    dtype: str = field(default="auto", metadata={"help": "auto (bfloat16 on CPU), float32 or bfloat16"})
+    device: str = field(default="auto", metadata={"help": "auto (cuda when available, else cpu), cpu or cuda[:N]"})
+    dtype: str = field(default="auto", metadata={"help": "auto (bfloat16), float32 or bfloat16"})
+    load_format: str = field(default="auto", metadata={"help": "auto (safetensors) or dummy (random weights from "
+                                                               "config.json alone, for benchmarks)"})
     page_size: int = field(default=1, metadata={"help": "KV slots per page; the prefix cache shares whole pages"})
     kv_cache_tokens: int | None = field(default=None, metadata={"help": "KV pool size in tokens (default: from --kv-cache-memory-fraction)"})
-    kv_cache_memory_fraction: float = field(default=0.2, metadata={"help": "share of available RAM for the KV pool when --kv-cache-tokens is unset"})
-    max_kv_cache_tokens: int = field(default=262144, metadata={"help": "upper bound on the KV pool size in tokens"})
+    kv_cache_memory_fraction: float | None = field(default=None, metadata={
+        "help": "KV pool share of available RAM (cpu; default 0.2) or of free GPU memory after the weights "
+                "load (cuda; default 0.85), when --kv-cache-tokens is unset"})
+    max_kv_cache_tokens: int | None = field(default=None, metadata={
+        "help": "upper bound on the KV pool size in tokens (default: 262144 on cpu, none on cuda)"})
     context_length: int | None = field(default=None, metadata={"help": "longest prompt + output (default: the model's, capped at 32768)"})
     max_running_requests: int = field(default=64, metadata={"help": "requests decoded together at most"})
     max_queued_requests: int | None = field(default=None, metadata={"help": "bound on waiting requests; past it new ones are refused"})
@@ -38,10 +45,14 @@ class EngineArgs:
             positive(name)
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
-        if not 0 < self.kv_cache_memory_fraction < 1:
+        if self.kv_cache_memory_fraction is not None and not 0 < self.kv_cache_memory_fraction < 1:
             raise ValueError(f"kv_cache_memory_fraction must be in (0, 1), got {self.kv_cache_memory_fraction}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -1,8 +1,12 @@
 """The engine loop: on its own thread, turns scheduler plans into forward steps and results.
 
-Callers talk to it only through `post` (a thread-safe inbox of commands); results leave through
-each request's `sink`. A fault inside one step fails the requests of that step and the loop
-goes on; a fault in the loop itself is recorded in `dead` so health checks fail instead of hang.
+One step reads plan -> forward -> sample -> process: the scheduler plans (runtime/scheduler.py),
+ForwardBatch lays the plan out on the device and the runner computes logits, the sampler chooses
+tokens (and prompt logprobs are scored), and the output processor applies them
+(runtime/output_processor.py). Callers talk to the loop only through `post` (a thread-safe inbox
+of commands); results leave through each request's `sink`. A fault inside one step fails the
+requests of that step and the loop goes on; a fault in the loop itself is recorded in `dead` so
+health checks fail instead of hang.
 """
 
 from __future__ import annotations
@@ -16,12 +20,11 @@ from collections.abc import Callable
 
 import torch
 
-from radix import BasePrefixCache, SlotAllocator
 from runtime.forward_batch import ForwardBatch
 from runtime.model_runner import ModelRunner
-from runtime.output import Logprobs, Output
+from runtime.output_processor import OutputProcessor, StepOutputs
 from runtime.request import Req, ReqState
-from runtime.sampler import Sampler, prompt_logprobs
+from runtime.sampler import SampleRow, Sampler, prompt_logprobs
 from runtime.scheduler import Scheduler, StepPlan
 from runtime.tokenizer import Tokenizer
 
@@ -30,25 +33,18 @@ Command = Callable[[], None]
 
 
 class EngineLoop:
-    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, scheduler: Scheduler, allocator: SlotAllocator,
-                 cache: BasePrefixCache, context_len: int) -> None:
+    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, scheduler: Scheduler, context_len: int) -> None:
         self.runner = runner
-        self.tokenizer = tokenizer
         self.scheduler = scheduler
-        self.allocator = allocator
-        self.cache = cache
-        self.context_len = context_len
+        self.kv = scheduler.kv  # the one owner of the allocator, the prefix cache and the slot table
         self.sampler = Sampler()
+        self.output = OutputProcessor(scheduler, set(tokenizer.eos_token_ids), context_len)
+        self.requests = self.output.requests
         self.inbox: queue.Queue[Command | None] = queue.Queue()
-        self.requests: dict[str, Req] = {}
-        self.generated_tokens = 0
         self.steps = 0
         self.dead: BaseException | None = None
         self._stats_lock = threading.Lock()
         self._stats: dict[str, float] = {}
-        # Outputs are delivered after the step's stats are published, so a caller woken by its
-        # final Output already sees the stats that include it.
-        self._outbox: list[tuple[Callable[[Output], None], Output]] = []
         self._refresh_stats()
         self._thread = threading.Thread(target=self._run, name="radixserve-engine", daemon=True)
         self._thread.start()
@@ -74,7 +70,7 @@ class EngineLoop:
                     except queue.Empty:
                         break
                     if command is None:
-                        self._abort_all("the engine shut down")
+                        self.output.abort_all("the engine shut down")
                         self._deliver()
                         return
                     command()
@@ -88,11 +84,11 @@ class EngineLoop:
         except BaseException as exc:  # noqa: BLE001 - recorded, then every waiter is told
             self.dead = exc
             logger.error("engine loop died:\n%s", traceback.format_exc())
-            self._abort_all(f"the engine loop died: {exc!r}")
+            self.output.abort_all(f"the engine loop died: {exc!r}")
             self._deliver()
 
     def _deliver(self) -> None:
-        outbox, self._outbox = self._outbox, []
+        outbox, self.output.outbox = self.output.outbox, []
         for sink, output in outbox:
             try:
                 sink(output)
@@ -104,7 +100,7 @@ class EngineLoop:
     def _step(self) -> None:
         plan = self.scheduler.schedule()
         for req in self.scheduler.failed:
-            self._emit_final(req)
+            self.output.emit_final(req)
         if not plan:
             self._unblock()
             return
@@ -118,7 +114,30 @@ class EngineLoop:
     def _run_plan(self, plan: StepPlan) -> None:
         batch = ForwardBatch.build(plan.entries, self.runner.table)
         logits = self.runner.forward(batch)
-        self._process(plan, batch, logits)
+        outputs = self._sample(plan, batch, logits)
+        self.output.process(plan, outputs)
+
+    def _sample(self, plan: StepPlan, batch: ForwardBatch, logits: torch.Tensor) -> StepOutputs:
+        """Score prompt positions and choose next tokens; nothing is changed yet (so a raise is harmless)."""
+        out = StepOutputs()
+        rows: list[int] = []
+        for req, entry, start, count in zip(plan.reqs, plan.entries, batch.logit_starts, batch.logit_counts):
+            if entry.logits_from is not None:
+                first_pos = entry.prefix_len + len(entry.token_ids) - count
+                out.prompt_logprobs.append((req, *self._prompt_logprobs(req, first_pos,
+                                                                        logits[start : start + count])))
+            if entry.prefix_len + len(entry.token_ids) == req.seq_len:
+                out.sampled_reqs.append(req)
+                if req.params.max_new_tokens > 0:
+                    out.generating.append(req)
+                    rows.append(start + count - 1)
+        if rows:
+            # A plain decode step samples every row in order: no need to copy the logits.
+            picked = logits if rows == list(range(logits.shape[0])) else logits.index_select(
+                0, torch.tensor(rows, dtype=torch.int64, device="cpu").to(logits.device))
+            out.result = self.sampler.sample(picked, [SampleRow(r.params, r.prompt_ids, r.output_ids, r.seed)
+                                                      for r in out.generating])
+        return out
 
     def _isolate(self, plan: StepPlan) -> None:
         """Run each request of a failed step alone; fail only the ones that fail again.
@@ -130,57 +149,18 @@ class EngineLoop:
             if req.state is not ReqState.RUNNING:
                 continue
             try:
-                self._run_plan(StepPlan([req], [entry]))
+                self._run_plan(StepPlan.of(req, entry))
             except Exception as exc:  # noqa: BLE001 - this request is the faulty one
                 logger.error("request %s failed: %r", req.rid, exc)
-                self._finish(req, "abort", error=f"internal error: {exc!r}")
+                self.output.finish(req, "abort", error=f"internal error: {exc!r}")
 
     def _unblock(self) -> None:
         """Nothing could be scheduled. With nothing running, the head of the queue can never fit."""
         if not self.scheduler.running and self.scheduler.waiting:
             req = self.scheduler.waiting[0]
-            self._finish(req, "abort", error="the KV cache is too small for this request")
+            self.output.finish(req, "abort", error="the KV cache is too small for this request")
         else:
             time.sleep(0.001)
-
-    def _process(self, plan: StepPlan, batch: ForwardBatch, logits: torch.Tensor) -> None:
-        """Score prompt positions and sample first (nothing changes if that raises), then apply."""
-        scored: list[tuple[Req, tuple[list, list]] | None] = []
-        to_sample: list[tuple[Req, int]] = []
-        for pos, original in enumerate(batch.order):
-            req, entry = plan.reqs[original], plan.entries[original]
-            start, count = batch.logit_starts[pos], batch.logit_counts[pos]
-            first_pos = entry.prefix_len + len(entry.token_ids) - count
-            if entry.logits_from is not None:
-                scored.append((req, self._prompt_logprobs(req, first_pos, logits[start : start + count])))
-            if entry.prefix_len + len(entry.token_ids) == req.seq_len:
-                to_sample.append((req, start + count - 1))
-        generating = [(req, row) for req, row in to_sample if req.params.max_new_tokens > 0]
-        result = None
-        if generating:
-            rows = [row for _, row in generating]
-            # A plain decode step samples every row in order: no need to copy the logits.
-            picked = logits if rows == list(range(logits.shape[0])) else logits[torch.tensor(rows)]
-            result = self.sampler.sample(picked, [r.params for r, _ in generating],
-                                         [(r.prompt_ids, r.output_ids) for r, _ in generating],
-                                         [r.generator for r, _ in generating])
-        # -- apply --
-        for item in scored:
-            if item is not None:
-                self._apply_prompt_logprobs(item[0], *item[1])
-        for req, entry in zip(plan.reqs, plan.entries):
-            req.kv_len += len(entry.token_ids)
-            if req.kv_len >= len(req.prompt_ids) and req.logprobs is not None:
-                req.prompt_logprobs_done = True
-        finished_prefill = [r for r, _ in to_sample if not r.output_ids]
-        if result is not None:
-            for j, (req, _) in enumerate(generating):
-                self._append(req, result.token_ids[j], result.logprobs[j], result.top_logprobs[j])
-        for req, _ in to_sample:
-            if req.params.max_new_tokens == 0:
-                self._finish(req, "length")  # prefill only (e.g. warming a shared prefix)
-            elif req.state is ReqState.RUNNING and req in finished_prefill:
-                self.scheduler.kv.cache_unfinished(req)
 
     def _prompt_logprobs(self, req: Req, first_pos: int, rows: torch.Tensor) -> tuple[list, list]:
         """rows[j] are the logits at position first_pos + j; they score prompt token first_pos + j + 1."""
@@ -191,69 +171,8 @@ class EngineLoop:
         if not keep:
             return [], []
         targets = [prompt[positions[j] + 1] for j in keep]
-        chosen, tops = prompt_logprobs(rows[keep], targets, req.params.top_logprobs_num)
+        chosen, tops = prompt_logprobs(rows[keep[0] : keep[-1] + 1], targets, req.params.top_logprobs_num)
         return list(zip(chosen, targets)), (tops if tops else [None] * len(keep))
-
-    def _apply_prompt_logprobs(self, req: Req, values: list, tops: list) -> None:
-        if req.logprobs is None:
-            req.logprobs = Logprobs()
-        lp = req.logprobs
-        if req.params.logprob_start_len == 0 and not lp.input_token_logprobs:
-            lp.input_token_logprobs.append((None, req.prompt_ids[0]))
-            lp.input_top_logprobs.append(None)
-        lp.input_token_logprobs.extend(values)
-        lp.input_top_logprobs.extend(tops)
-
-    def _append(self, req: Req, token: int, logprob: float | None, top: list | None) -> None:
-        req.output_ids.append(token)
-        self.generated_tokens += 1
-        if req.params.return_logprob:
-            assert logprob is not None
-            if req.logprobs is None:
-                req.logprobs = Logprobs()
-            req.logprobs.output_token_logprobs.append((logprob, token))
-            if top is not None:
-                req.logprobs.output_top_logprobs.append(top)
-        params = req.params
-        if (not params.ignore_eos and token in self.tokenizer.eos_token_ids) or token in params.stop_token_ids:
-            req.matched_stop = token
-            self._finish(req, "stop")
-            return
-        if req.detok.add(token):
-            req.matched_stop = req.detok.matched_stop
-            self._finish(req, "stop")
-            return
-        if len(req.output_ids) >= params.max_new_tokens or req.seq_len >= self.context_len:
-            self._finish(req, "length")
-            return
-        if req.stream:
-            delta = req.detok.take_delta(final=False)
-            self._outbox.append((req.sink, req.snapshot(delta)))
-
-    # -- finishing ----------------------------------------------------------------------------------
-
-    def _finish(self, req: Req, reason: str, error: str | None = None) -> None:
-        if req.state is ReqState.FINISHED:
-            return
-        req.finish_reason = reason
-        req.error = error
-        self.scheduler.remove(req)
-        self._emit_final(req)
-
-    def _emit_final(self, req: Req) -> None:
-        if req.matched_stop is None or isinstance(req.matched_stop, int):
-            req.detok.flush()
-        delta = req.detok.take_delta(final=True)
-        self.requests.pop(req.rid, None)
-        self._outbox.append((req.sink, req.snapshot(delta)))
-
-    def _abort_all(self, message: str) -> None:
-        for req in list(self.requests.values()):
-            if req.state is not ReqState.FINISHED:
-                req.error = message
-                req.finish_reason = "abort"
-                req.state = ReqState.FINISHED
-                self._emit_final(req)
 
     # -- commands (run on the loop thread) ----------------------------------------------------------
 
@@ -264,14 +183,14 @@ class EngineLoop:
     def abort(self, rid: str) -> None:
         """Abort `rid`, or every sample `rid.i` of an n > 1 request."""
         for key in [k for k in self.requests if k == rid or k.startswith(rid + ".")]:
-            self._finish(self.requests[key], "abort")
+            self.output.finish(self.requests[key], "abort")
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix nobody is using; a full reset when nothing runs."""
         if self.scheduler.has_work():
-            self.cache.evict(self.allocator.num_slots)
+            self.kv.cache.evict(self.kv.allocator.num_slots)
             return False
-        self.cache.reset()
+        self.kv.cache.reset()
         return True
 
     # -- stats --------------------------------------------------------------------------------------
@@ -280,18 +199,19 @@ class EngineLoop:
         sched = self.scheduler
         counters = sched.counters
         in_use = sum(r.allocated - r.locked_len for r in sched.running)
+        allocator, cache = self.kv.allocator, self.kv.cache
         stats = {
             "num_running": len(sched.running),
             "num_waiting": len(sched.waiting),
             "prompt_tokens_total": counters.prompt_tokens,
             "cached_tokens_total": counters.cached_tokens,
             "computed_prompt_tokens_total": counters.computed_prompt_tokens,
-            "generated_tokens_total": self.generated_tokens,
+            "generated_tokens_total": self.output.generated_tokens,
             "cache_hit_rate": counters.cached_tokens / counters.prompt_tokens if counters.prompt_tokens else 0.0,
-            "slots_free": self.allocator.available(),
-            "slots_cached": self.cache.total_size(),
+            "slots_free": allocator.available(),
+            "slots_cached": cache.total_size(),
             "slots_in_use": in_use,
-            "slots_total": self.allocator.num_slots,
+            "slots_total": allocator.num_slots,
             "retractions_total": counters.retractions,
             "steps_total": self.steps,
         }

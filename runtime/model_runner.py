@@ -1,4 +1,4 @@
-"""The model runner: loads a checkpoint into our model code, owns the KV pool, runs one ForwardBatch."""
+"""The model runner: loads a checkpoint onto the device, sizes and owns the KV pool, runs one ForwardBatch."""
 
 from __future__ import annotations
 
@@ -11,87 +11,103 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import AttentionMetadata, get_attention_backend
+from kernels import get_attention_backend
 from runtime.context import ForwardContext, forward_context
+from runtime.device import DTYPES, resolve_device, resolve_dtype  # noqa: F401 - DTYPES re-exported
 from runtime.forward_batch import ForwardBatch
-from runtime.kv_pool import KVPool
+from runtime.kv_pool import KVPool, kv_bytes_per_token, plan_kv_tokens
 from runtime.models import model_class
 from runtime.models.llama import head_dim_of
-from runtime.models.weights import iterate_weights
+from runtime.models.weights import dummy_init, iterate_weights
 from runtime.slot_table import ReqSlotTable
 
 logger = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def resolve_dtype(name: str) -> torch.dtype:
-    """`auto` is bfloat16 on this CPU (measured: see benchmarks/), else the named dtype."""
-    if name == "auto":
-        return torch.bfloat16
-    if name not in DTYPES:
-        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {name!r}")
-    return DTYPES[name]
+GiB = 2**30
 
 
-def load_model(folder: Path, dtype: torch.dtype) -> tuple[nn.Module, object]:
+def load_config(folder: Path) -> object:
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(str(folder))
+    return AutoConfig.from_pretrained(str(folder))
+
+
+def load_model(folder: Path, config: object, dtype: torch.dtype, device: torch.device,
+               load_format: str = "auto") -> nn.Module:
+    """Our model class for `config`, with weights from `folder` (or random ones: load_format="dummy")."""
     cls = model_class(config)
     with torch.device("meta"):
         model = cls(config)
-    model.to_empty(device="cpu")
+    model.to_empty(device=device)
     model.to(dtype)
-    model.load_weights(iterate_weights(folder))
+    if load_format == "dummy":
+        logger.warning("load_format=dummy: RANDOM weights for %s (benchmarking shapes only; outputs are noise)",
+                       folder)
+        dummy_init(model)
+    else:
+        model.load_weights(iterate_weights(folder))
     model.eval().requires_grad_(False)
-    return model, config
+    return model
 
 
 @dataclass
 class RunnerConfig:
     model_path: Path
     dtype: str = "auto"
-    num_slots: int = 4096
+    num_slots: int | None = 4096  # None: size the pool from free memory (see kv_pool.plan_kv_tokens)
     max_requests: int = 64
     max_context: int = 4096
     attention_backend: str = "auto"
+    device: str = "cpu"
+    load_format: str = "auto"
+    page_size: int = 1
+    kv_cache_memory_fraction: float | None = None
+    max_kv_cache_tokens: int | None = None
 
 
 class ModelRunner:
-    def __init__(self, cfg: RunnerConfig) -> None:
+    def __init__(self, cfg: RunnerConfig, config: object | None = None) -> None:
         start = time.perf_counter()
-        from transformers import AutoConfig
-
-        self.config = AutoConfig.from_pretrained(str(cfg.model_path))
+        self.config = config if config is not None else load_config(cfg.model_path)
+        self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype)
-        self.model, _ = load_model(cfg.model_path, self.dtype)
+        self.model = load_model(cfg.model_path, self.config, self.dtype, self.device, cfg.load_format)
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.vocab_size: int = self.config.vocab_size
-        self.context_len = min(cfg.max_context, int(getattr(self.config, "max_position_embeddings", cfg.max_context)))
-        self.pool = KVPool(self.config.num_hidden_layers, cfg.num_slots, self.config.num_key_value_heads,
-                           head_dim_of(self.config), self.dtype)
-        self.table = ReqSlotTable(cfg.max_requests, self.context_len)
-        self.backend = get_attention_backend(cfg.attention_backend, "cpu")
-        self.softcap: float | None = getattr(self.config, "final_logit_softcapping", None)
-        logger.info("loaded %s (%s) in %.1fs; KV pool %d slots, %.0f MiB", cfg.model_path.name, self.dtype,
-                    time.perf_counter() - start, cfg.num_slots, self.pool.nbytes() / 2**20)
+        c = self.config
+        per_token = kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, head_dim_of(c), self.dtype)
+        num_slots = plan_kv_tokens(self.device, per_token, cfg.page_size, cfg.num_slots,
+                                   cfg.kv_cache_memory_fraction, cfg.max_kv_cache_tokens)
+        model_max = int(getattr(c, "max_position_embeddings", cfg.max_context))
+        self.context_len = min(cfg.max_context, model_max, num_slots)
+        self.pool = KVPool(c.num_hidden_layers, num_slots, c.num_key_value_heads, head_dim_of(c), self.dtype,
+                           self.device)
+        self.table = ReqSlotTable(cfg.max_requests, self.context_len, self.device)
+        self.backend = get_attention_backend(cfg.attention_backend, self.device.type)
+        self.softcap: float | None = getattr(c, "final_logit_softcapping", None)
+        logger.info("loaded %s on %s (%s, %s attention) in %.1fs: weights %.2f GiB, KV pool %.2f GiB = %d tokens",
+                    cfg.model_path.name, self.device, str(self.dtype).removeprefix("torch."), self.backend.name,
+                    time.perf_counter() - start, weights / GiB, self.pool.nbytes() / GiB, num_slots)
+
+    @property
+    def num_slots(self) -> int:
+        return self.pool.num_slots
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Float32 logits [len(batch.logit_rows), vocab] for the rows the batch asks for."""
-        slot_table = self.table.table[batch.rows, : batch.max_seq_len]
-        meta = AttentionMetadata.build(batch.out_slots, slot_table, batch.prefix_lens, batch.extend_lens)
-        with forward_context(ForwardContext(meta, self.pool.k, self.pool.v, self.backend)):
+        """Float32 logits [rows, vocab] on the device for the rows the batch asks for."""
+        with forward_context(ForwardContext(batch.attn, self.pool.k, self.pool.v, self.backend)):
             hidden = self.model(batch.input_ids, batch.positions)
-        return self.compute_logits(hidden[batch.logit_rows])
+        if batch.logit_rows is not None:
+            hidden = hidden.index_select(0, batch.logit_rows)
+        return self.compute_logits(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.output_weight
-        if hidden.shape[0] == 1:
+        if hidden.shape[0] == 1 or hidden.device.type != "cpu":
             logits = F.linear(hidden, weight).float()
         else:
-            # weight @ hidden.T takes a faster GEMM path than hidden @ weight.T for the tall, thin
-            # output layer (measured: 45 ms vs 81 ms at batch 64 for Gemma's 262k vocabulary).
+            # weight @ hidden.T takes a faster GEMM path on the CPU than hidden @ weight.T for the
+            # tall, thin output layer (measured: 45 ms vs 81 ms at batch 64 for Gemma's 262k vocabulary).
             # Made row-major before anything reads rows of it (sampling gathers rows).
             logits = torch.mm(weight, hidden.t()).t().contiguous().float()
         if self.softcap:

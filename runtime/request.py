@@ -6,8 +6,6 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.output import Logprobs, Output
 from runtime.sampling_params import SamplingParams
@@ -26,7 +24,7 @@ class Req:
     params: SamplingParams
     detok: IncrementalDetokenizer
     sink: Callable[[Output], None]  # called on the engine thread with each new Output
-    generator: torch.Generator
+    seed: int  # with the output length, decides this request's random draws (runtime/sampler.py)
     extra_key: str | None = None  # cache salt: namespaces the prefix cache
     index: int = 0  # sample index among the n of its prompt
     arrival: int = 0  # admission order tiebreak (FCFS)

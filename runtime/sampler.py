@@ -1,17 +1,47 @@
-"""Batched sampling: penalties, temperature, top-k / top-p / min-p, and logprobs of what was chosen.
+"""Batched sampling on the logits' device: penalties, temperature, top-k / top-p / min-p, logprobs.
 
-Greedy rows take the argmax of the raw logits. Each request samples with its own generator,
-so a seeded request gives the same output whatever else shares its batch.
+Every operation is over the whole batch (or the subset of rows that need it), never a Python
+loop over rows on the device, and the step ends with one device-to-host copy of the chosen ids
+(plus one of logprobs when a request asked for them).
+
+Randomness is counter-based: request r's draw for its n-th output token is a uniform number
+hashed from (r's seed, n) on the host, and the token is found by inverting that row's
+cumulative distribution. So a seeded request gives the same tokens whatever else shares its
+batch, on the CPU and on a GPU alike, with no per-request generator.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from runtime.output import TokenLogprob
 from runtime.sampling_params import SamplingParams
+
+M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def uniforms(seeds: list[int], counters: list[int]) -> np.ndarray:
+    """A uniform number in [0, 1) per (seed, counter): splitmix64 of the pair, 24 bits of it (fp32-exact)."""
+    with np.errstate(over="ignore"):
+        x = np.array(seeds, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        x ^= np.array(counters, dtype=np.uint64) + np.uint64(0x632BE59BD9B4E019)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9) & M64
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB) & M64
+        x ^= x >> np.uint64(31)
+    return (x >> np.uint64(40)).astype(np.float64) / float(1 << 24)
+
+
+@dataclass
+class SampleRow:
+    """What the sampler needs from one request for this step."""
+
+    params: SamplingParams
+    prompt_ids: list[int]
+    output_ids: list[int]
+    seed: int
 
 
 @dataclass
@@ -21,82 +51,137 @@ class SampleResult:
     top_logprobs: list[list[TokenLogprob] | None]
 
 
-def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: list[int],
-                    output_ids: list[int]) -> torch.Tensor:
-    """OpenAI frequency/presence penalties over the output; HF repetition penalty over prompt + output."""
-    if params.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(prompt_ids) | set(output_ids)), dtype=torch.int64)
-        if len(seen):
-            values = logits[seen]
-            logits[seen] = torch.where(values > 0, values / params.repetition_penalty,
-                                       values * params.repetition_penalty)
-    if output_ids and (params.frequency_penalty or params.presence_penalty):
-        counts = torch.bincount(torch.tensor(output_ids, dtype=torch.int64), minlength=logits.shape[-1])
-        counts = counts[: logits.shape[-1]].to(logits.dtype)
-        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(logits.dtype)
+def _has_penalty(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+
+
+def _column(values: list[float], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32, device="cpu").to(device, non_blocking=True)[:, None]
+
+
+def _token_counts(histories: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """[len(histories), vocab] counts of each token id, built on the device from one padded upload."""
+    width = max((len(h) for h in histories), default=0)
+    ids = torch.full((len(histories), max(width, 1)), vocab, dtype=torch.int64, device="cpu")  # vocab = padding
+    for i, h in enumerate(histories):
+        ids[i, : len(h)] = torch.tensor(h, dtype=torch.int64, device="cpu")
+    ids = ids.to(device)
+    counts = torch.zeros((len(histories), vocab + 1), dtype=torch.float32, device=device)
+    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
+    return counts[:, :vocab]
+
+
+def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    """OpenAI frequency/presence penalties over the output; HF repetition penalty over prompt + output.
+
+    logits: [B, V] for exactly these rows (modified in place and returned).
+    """
+    device, vocab = logits.device, logits.shape[-1]
+    params = [r.params for r in rows]
+    if any(p.repetition_penalty != 1.0 for p in params):
+        seen = _token_counts([r.prompt_ids + r.output_ids for r in rows], vocab, device) > 0
+        penalty = _column([p.repetition_penalty for p in params], device)
+        scaled = torch.where(logits > 0, logits / penalty, logits * penalty)
+        logits = torch.where(seen, scaled, logits)
+    if any(p.frequency_penalty or p.presence_penalty for p in params):
+        counts = _token_counts([r.output_ids for r in rows], vocab, device)
+        logits -= (_column([p.frequency_penalty for p in params], device) * counts
+                   + _column([p.presence_penalty for p in params], device) * (counts > 0).float())
     return logits
 
 
-def filter_probs(probs: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
-    """Zero the probabilities top-k, top-p (nucleus) and min-p rule out; renormalise."""
-    if top_k > 0 and top_k < probs.shape[-1]:
-        kth = torch.topk(probs, top_k).values[-1]
-        probs = torch.where(probs < kth, torch.zeros_like(probs), probs)
-    if min_p > 0:
-        probs = torch.where(probs < min_p * probs.max(), torch.zeros_like(probs), probs)
-    if top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        cumulative = sorted_probs.cumsum(-1)
-        drop = cumulative - sorted_probs > top_p  # keep the smallest set reaching top_p
-        sorted_probs[drop] = 0.0
+def filter_probs(probs: torch.Tensor, top_k: list[int], top_p: list[float], min_p: list[float]) -> torch.Tensor:
+    """Zero what top-k, min-p and top-p (nucleus) rule out, per row, in that order. probs: [B, V]."""
+    device, vocab = probs.device, probs.shape[-1]
+    if any(0 < k < vocab for k in top_k):
+        ks = [k if 0 < k < vocab else vocab for k in top_k]
+        kth = probs.topk(max(ks), dim=-1).values.gather(
+            1, torch.tensor(ks, dtype=torch.int64, device="cpu").to(device)[:, None] - 1)
+        probs = torch.where(probs < kth, 0.0, probs)
+    if any(m > 0 for m in min_p):
+        floor = _column(min_p, device) * probs.max(dim=-1, keepdim=True).values
+        probs = torch.where(probs < floor, 0.0, probs)
+    if any(p < 1.0 for p in top_p):
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly ahead of each token
+        sorted_probs = torch.where(before > _column(top_p, device) * sorted_probs.sum(-1, keepdim=True), 0.0,
+                                   sorted_probs)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    return probs / probs.sum()
+    return probs
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row, the token where the (unnormalised) cumulative mass first exceeds u * total."""
+    cdf = probs.cumsum(-1)
+    target = u[:, None] * cdf[:, -1:]
+    picked = torch.searchsorted(cdf, target, right=True).clamp_(max=probs.shape[-1] - 1)
+    # Rounding can land past the last token with mass (u close to 1): take the likeliest instead.
+    empty = probs.gather(1, picked) <= 0
+    return torch.where(empty, probs.argmax(-1, keepdim=True), picked).squeeze(1)
 
 
 class Sampler:
-    def sample(self, logits: torch.Tensor, params: list[SamplingParams], histories: list[tuple[list[int], list[int]]],
-               generators: list[torch.Generator]) -> SampleResult:
-        """logits: float32 [B, V] (raw). histories: (prompt_ids, output_ids) per row."""
-        tokens = logits.argmax(dim=-1).tolist()  # greedy rows are done; others overwritten below
-        for i, p in enumerate(params):
-            if p.greedy and not _has_penalty(p):
-                continue
-            row = logits[i].clone()
-            row = apply_penalties(row, p, *histories[i])
-            if p.greedy:
-                tokens[i] = int(row.argmax())
-                continue
-            probs = torch.softmax(row / p.temperature, dim=-1)
-            probs = filter_probs(probs, p.top_k, p.top_p, p.min_p)
-            tokens[i] = int(torch.multinomial(probs, 1, generator=generators[i]))
-        return self._logprobs(logits, params, tokens)
-
-    def _logprobs(self, logits: torch.Tensor, params: list[SamplingParams], tokens: list[int]) -> SampleResult:
+    def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> SampleResult:
+        """logits: float32 [B, V] raw scores, one row per entry of `rows`. Returns the chosen ids."""
+        params = [r.params for r in rows]
+        tokens = self._choose(logits, rows)
         wanted = [i for i, p in enumerate(params) if p.return_logprob]
-        chosen: list[float | None] = [None] * len(params)
-        tops: list[list[TokenLogprob] | None] = [None] * len(params)
-        if wanted:
-            logp = torch.log_softmax(logits[wanted], dim=-1)
-            for j, i in enumerate(wanted):
-                chosen[i] = float(logp[j, tokens[i]])
-                k = params[i].top_logprobs_num
-                if k:
-                    values, ids = logp[j].topk(k)
-                    tops[i] = list(zip(values.tolist(), ids.tolist()))
-        return SampleResult(tokens, chosen, tops)
+        if not wanted:
+            return SampleResult(tokens.tolist(), [None] * len(rows), [None] * len(rows))
+        return self._with_logprobs(logits, params, tokens, wanted)
+
+    def _choose(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        params = [r.params for r in rows]
+        penalised = [i for i, p in enumerate(params) if _has_penalty(p)]
+        if penalised:
+            logits = logits.clone()
+            idx = torch.tensor(penalised, dtype=torch.int64, device="cpu").to(logits.device)
+            logits[idx] = apply_penalties(logits[idx], [rows[i] for i in penalised])
+        tokens = logits.argmax(dim=-1)  # greedy rows are done
+        random = [i for i, p in enumerate(params) if not p.greedy]
+        if random:
+            device = logits.device
+            idx = torch.tensor(random, dtype=torch.int64, device="cpu").to(device)
+            sub = [params[i] for i in random]
+            temps = _column([p.temperature for p in sub], device)
+            probs = torch.softmax(logits[idx] / temps, dim=-1)
+            probs = filter_probs(probs, [p.top_k for p in sub], [p.top_p for p in sub], [p.min_p for p in sub])
+            u = uniforms([rows[i].seed for i in random], [len(rows[i].output_ids) for i in random])
+            draws = torch.from_numpy(u.astype(np.float32)).to(device)
+            tokens = tokens.index_copy(0, idx, inverse_cdf(probs, draws))
+        return tokens
+
+    def _with_logprobs(self, logits: torch.Tensor, params: list[SamplingParams], tokens: torch.Tensor,
+                       wanted: list[int]) -> SampleResult:
+        idx = torch.tensor(wanted, dtype=torch.int64, device="cpu").to(logits.device)
+        logp = torch.log_softmax(logits[idx], dim=-1)
+        chosen = logp.gather(1, tokens[idx][:, None]).squeeze(1)
+        k = max(params[i].top_logprobs_num for i in wanted)
+        top_values, top_ids = logp.topk(k, dim=-1) if k else (chosen[:, None], chosen[:, None])
+        # One copy back for everything this step produced.
+        host = torch.cat([tokens.double(), chosen.double(), top_values.double().flatten(),
+                          top_ids.double().flatten()]).tolist()
+        n, w = len(params), len(wanted)
+        token_ids = [int(t) for t in host[:n]]
+        chosen_h = host[n : n + w]
+        tv, ti = host[n + w : n + w + w * k], host[n + w + w * k :]
+        logprobs: list[float | None] = [None] * n
+        tops: list[list[TokenLogprob] | None] = [None] * n
+        for j, i in enumerate(wanted):
+            logprobs[i] = chosen_h[j]
+            kk = params[i].top_logprobs_num
+            if kk:
+                tops[i] = [(tv[j * k + c], int(ti[j * k + c])) for c in range(kk)]
+        return SampleResult(token_ids, logprobs, tops)
 
 
 def prompt_logprobs(logits: torch.Tensor, next_ids: list[int], top_k: int) -> tuple[list[float], list[list[TokenLogprob]]]:
     """Logprob of each next_ids[j] under logits[j] (the position before it), and the top-k there."""
     logp = torch.log_softmax(logits, dim=-1)
-    ids = torch.tensor(next_ids, dtype=torch.int64)
+    ids = torch.tensor(next_ids, dtype=torch.int64, device="cpu").to(logits.device)
     chosen = logp.gather(1, ids[:, None]).squeeze(1).tolist()
     tops: list[list[TokenLogprob]] = []
     if top_k:
         values, idx = logp.topk(top_k, dim=-1)
         tops = [list(zip(v, t)) for v, t in zip(values.tolist(), idx.tolist())]
     return chosen, tops
-
-
-def _has_penalty(p: SamplingParams) -> bool:
-    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0

@@ -30,17 +30,41 @@ DECODE_RESERVE_CAP = 256
 
 @dataclass
 class StepPlan:
-    reqs: list[Req] = field(default_factory=list)
-    entries: list[BatchEntry] = field(default_factory=list)
+    """The requests of one step and their new tokens, in kernel order: several-token entries
+    (prefills, chunks) first, then one-token entries (decodes), whatever order they were planned in."""
+
+    _extends: list[tuple[Req, BatchEntry]] = field(default_factory=list)
+    _decodes: list[tuple[Req, BatchEntry]] = field(default_factory=list)
 
     def add(self, req: Req, num_tokens: int, logits_from: int | None = None) -> None:
         tokens = req.all_ids[req.kv_len : req.kv_len + num_tokens]
         assert req.row is not None and len(tokens) == num_tokens
-        self.reqs.append(req)
-        self.entries.append(BatchEntry(req.row, req.kv_len, tokens, logits_from))
+        (self._extends if num_tokens > 1 else self._decodes).append((req, BatchEntry(req.row, req.kv_len, tokens,
+                                                                                     logits_from)))
+
+    def drop(self, req: Req) -> None:
+        self._extends = [(r, e) for r, e in self._extends if r is not req]
+        self._decodes = [(r, e) for r, e in self._decodes if r is not req]
+
+    @classmethod
+    def of(cls, req: Req, entry: BatchEntry) -> StepPlan:
+        plan = cls()
+        (plan._extends if len(entry.token_ids) > 1 else plan._decodes).append((req, entry))
+        return plan
+
+    @property
+    def reqs(self) -> list[Req]:
+        return [r for r, _ in self._extends + self._decodes]
+
+    @property
+    def entries(self) -> list[BatchEntry]:
+        return [e for _, e in self._extends + self._decodes]
+
+    def __contains__(self, req: Req) -> bool:
+        return any(r is req for r, _ in self._extends + self._decodes)
 
     def __bool__(self) -> bool:
-        return bool(self.reqs)
+        return bool(self._extends or self._decodes)
 
 
 @dataclass
@@ -107,7 +131,7 @@ class Scheduler:
         for req in list(self.running):
             if budget <= 0:
                 break
-            if req.state is not ReqState.RUNNING or req.is_decoding or req in plan.reqs:
+            if req.state is not ReqState.RUNNING or req.is_decoding or req in plan:
                 continue
             chunk = min(req.pending, self.args.chunked_prefill_size, budget)
             if not self.kv.grow(req, req.kv_len + chunk):
@@ -172,9 +196,7 @@ class Scheduler:
 
     def _retract(self, req: Req, plan: StepPlan) -> None:
         """Preempt: hand its KV to the cache, keep its tokens, and requeue it at the front."""
-        if req in plan.reqs:
-            i = plan.reqs.index(req)
-            del plan.reqs[i], plan.entries[i]
+        plan.drop(req)
         if req in self.running:
             self.running.remove(req)
         self.kv.release(req)

@@ -1,7 +1,12 @@
 """The request-to-slots table: row r, column i holds the KV slot of token i of the request in row r.
 
-A running request owns one row for its lifetime; attention reads a batch's rows directly, so
-building a decode step's gather table is one indexing operation, not a Python loop.
+A running request owns one row for its lifetime; attention reads a batch's rows directly, so a
+step's KV addresses are one lookup, not a Python loop.
+
+Two copies with one owner: the host table is what the scheduler and the cache bookkeeping read
+and write (reads never wait on a GPU), and `device_table` is what the kernels read. On the CPU
+they are the same tensor. On a GPU, writes are logged and `sync()` applies all of a step's
+writes with one upload and one scatter, before the step's forward.
 """
 
 from __future__ import annotations
@@ -10,9 +15,12 @@ import torch
 
 
 class ReqSlotTable:
-    def __init__(self, max_requests: int, max_context: int) -> None:
+    def __init__(self, max_requests: int, max_context: int, device: torch.device | str = "cpu") -> None:
         self.max_context = max_context
-        self.table = torch.zeros((max_requests, max_context), dtype=torch.int64)
+        self.device = torch.device(device)
+        self.table = torch.zeros((max_requests, max_context), dtype=torch.int64, device="cpu")
+        self.device_table = self.table if self.device.type == "cpu" else self.table.to(self.device)
+        self._pending: list[tuple[int, int, torch.Tensor]] = []  # (row, start, slots) not yet on the device
         self._free_rows = list(range(max_requests - 1, -1, -1))
 
     def available(self) -> int:
@@ -28,6 +36,22 @@ class ReqSlotTable:
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         self.table[row, start : start + len(slots)] = slots
+        if self.device_table is not self.table and len(slots):
+            self._pending.append((row, start, slots))
 
     def read(self, row: int, length: int) -> torch.Tensor:
         return self.table[row, :length]
+
+    def sync(self) -> None:
+        """Bring the device copy up to date: one host-to-device copy and one scatter for all writes."""
+        if not self._pending:
+            return
+        rows, cols, values = [], [], []
+        for row, start, slots in self._pending:
+            n = len(slots)
+            rows.append(torch.full((n,), row, dtype=torch.int64))
+            cols.append(torch.arange(start, start + n, dtype=torch.int64))
+            values.append(slots.to(torch.int64))
+        self._pending.clear()
+        packed = torch.stack([torch.cat(rows), torch.cat(cols), torch.cat(values)]).to(self.device)
+        self.device_table[packed[0], packed[1]] = packed[2]

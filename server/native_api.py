@@ -159,7 +159,11 @@ async def tokenize(request: Request) -> Response:
 async def get_server_info(request: Request) -> Response:
     state: ServerState = request.app.state.radix
     settings = {k: v for k, v in vars(state.settings).items() if k != "api_key"}
-    return json_response({**state.engine_args, **settings, "stats": state.engine.stats(), "version": "0.1.0"})
+    engine = state.engine
+    resolved = {"device": str(engine.device), "dtype": str(engine.runner.dtype).removeprefix("torch."),
+                "kv_cache_tokens": engine.runner.num_slots, "context_length": engine.context_len,
+                "attention_backend": engine.runner.backend.name}
+    return json_response({**state.engine_args, **settings, **resolved, "stats": engine.stats(), "version": "0.1.0"})
 
 
 async def health(request: Request) -> Response:

@@ -84,7 +84,9 @@ class Gemma3ForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         embed = self.model.embed_tokens(input_ids)
-        x = embed * torch.tensor(self.embed_scale, dtype=embed.dtype)
+        # The reference multiplies by the scale rounded to the activation dtype; a Python float of
+        # that rounded value gives the same products and needs no tensor on any device.
+        x = embed * float(torch.tensor(self.embed_scale, dtype=embed.dtype, device="cpu"))
         rope = {sliding: r.cos_sin(positions, x.dtype) for sliding, r in self.rotary.items()}
         for layer in self.model.layers:
             x = layer(x, rope)

@@ -66,6 +66,24 @@ def load_into(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]], ski
         raise ValueError(f"checkpoint lacks tensors for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
 
 
+def dummy_init(model: nn.Module, seed: int = 0) -> None:
+    """Random weights of realistic scale for benchmarking a config without its checkpoint.
+
+    Matrices ~ N(0, 0.02) as at initialisation; norm weights near their identity (1, or 0 for
+    Gemma's (1 + w) norms) so activations stay finite through every layer. Never zeros: timing
+    on zeros can flatter hardware that skips them.
+    """
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        data = param.data
+        if data.dim() >= 2:
+            data.normal_(0.0, 0.02, generator=gen)
+        else:
+            unit_offset = getattr(model.get_submodule(name.rsplit(".", 1)[0]), "unit_offset", False)
+            base = 0.0 if unit_offset or name.endswith("bias") else 1.0
+            data.normal_(0.0, 0.02, generator=gen).add_(base)
+
+
 def _target(name: str) -> tuple[str, int | None]:
     parts = name.split(".")
     for i, part in enumerate(parts):

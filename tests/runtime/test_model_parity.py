@@ -91,16 +91,19 @@ def test_mixed_ragged_batch_matches_separate_runs(family_model: tuple[str, Path]
     warm = [BatchEntry(rows[1], 0, seqs[1][:4]), BatchEntry(rows[2], 0, seqs[2][:-1]),
             BatchEntry(rows[3], 0, seqs[3][:-1])]
     runner.forward(ForwardBatch.build(warm, runner.table))
-    entries = [BatchEntry(rows[2], len(seqs[2]) - 1, seqs[2][-1:]),  # decode listed first on purpose
-               BatchEntry(rows[0], 0, seqs[0]),
+    # Kernel order: extends (a prefill, a chunk after a cached prefix), then decodes.
+    order = [0, 1, 2, 3]
+    entries = [BatchEntry(rows[0], 0, seqs[0]),
                BatchEntry(rows[1], 4, seqs[1][4:]),
+               BatchEntry(rows[2], len(seqs[2]) - 1, seqs[2][-1:]),
                BatchEntry(rows[3], len(seqs[3]) - 1, seqs[3][-1:])]
+    with pytest.raises(ValueError, match="must precede"):
+        ForwardBatch.build(entries[2:3] + entries[:2], runner.table)
     batch = ForwardBatch.build(entries, runner.table)
     logits = runner.forward(batch)
-    for pos, original in enumerate(batch.order):
+    for pos, i in enumerate(order):
         got = logits[batch.next_token_rows()[pos]]
-        want = refs[[2, 0, 1, 3][original]][-1]
-        assert (got - want).abs().max() <= TOL, (family, original)
+        assert (got - refs[i][-1]).abs().max() <= TOL, (family, i)
 
 
 def test_unknown_architecture_is_a_clear_error(tmp_path: Path) -> None:

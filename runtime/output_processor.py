@@ -1,0 +1,114 @@
+"""After a step's tokens are chosen: append them, check stops, detokenize, finish, and queue outputs.
+
+The engine loop's last room (plan -> forward -> sample -> process). It owns the outbox: outputs
+are delivered by the loop after the step's stats are published, so a caller woken by its final
+Output already sees the stats that include it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from runtime.output import Logprobs, Output
+from runtime.request import Req, ReqState
+from runtime.sampler import SampleResult
+from runtime.scheduler import Scheduler, StepPlan
+
+
+@dataclass
+class StepOutputs:
+    """What one forward step produced, in host memory, before any request is changed."""
+
+    prompt_logprobs: list[tuple[Req, list, list]] = field(default_factory=list)  # (req, values, tops)
+    sampled_reqs: list[Req] = field(default_factory=list)  # requests that reached their last prompt token
+    generating: list[Req] = field(default_factory=list)  # of those, the ones that sample a token
+    result: SampleResult | None = None
+
+
+class OutputProcessor:
+    def __init__(self, scheduler: Scheduler, eos_token_ids: set[int], context_len: int) -> None:
+        self.scheduler = scheduler
+        self.eos_token_ids = eos_token_ids
+        self.context_len = context_len
+        self.requests: dict[str, Req] = {}  # every request not yet finished, by rid
+        self.generated_tokens = 0
+        self.outbox: list[tuple[Callable[[Output], None], Output]] = []
+
+    def process(self, plan: StepPlan, out: StepOutputs) -> None:
+        for req, values, tops in out.prompt_logprobs:
+            self._apply_prompt_logprobs(req, values, tops)
+        for req, entry in zip(plan.reqs, plan.entries):
+            req.kv_len += len(entry.token_ids)
+            if req.kv_len >= len(req.prompt_ids) and req.logprobs is not None:
+                req.prompt_logprobs_done = True
+        finished_prefill = [r for r in out.sampled_reqs if not r.output_ids]
+        if out.result is not None:
+            r = out.result
+            for j, req in enumerate(out.generating):
+                self._append(req, r.token_ids[j], r.logprobs[j], r.top_logprobs[j])
+        for req in out.sampled_reqs:
+            if req.params.max_new_tokens == 0:
+                self.finish(req, "length")  # prefill only (e.g. warming a shared prefix)
+            elif req.state is ReqState.RUNNING and req in finished_prefill:
+                self.scheduler.kv.cache_unfinished(req)  # others with this prompt hit it from now on
+
+    def _apply_prompt_logprobs(self, req: Req, values: list, tops: list) -> None:
+        if req.logprobs is None:
+            req.logprobs = Logprobs()
+        lp = req.logprobs
+        if req.params.logprob_start_len == 0 and not lp.input_token_logprobs:
+            lp.input_token_logprobs.append((None, req.prompt_ids[0]))
+            lp.input_top_logprobs.append(None)
+        lp.input_token_logprobs.extend(values)
+        lp.input_top_logprobs.extend(tops)
+
+    def _append(self, req: Req, token: int, logprob: float | None, top: list | None) -> None:
+        req.output_ids.append(token)
+        self.generated_tokens += 1
+        params = req.params
+        if params.return_logprob:
+            assert logprob is not None
+            if req.logprobs is None:
+                req.logprobs = Logprobs()
+            req.logprobs.output_token_logprobs.append((logprob, token))
+            if top is not None:
+                req.logprobs.output_top_logprobs.append(top)
+        if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids:
+            req.matched_stop = token
+            self.finish(req, "stop")
+            return
+        if req.detok.add(token):
+            req.matched_stop = req.detok.matched_stop
+            self.finish(req, "stop")
+            return
+        if len(req.output_ids) >= params.max_new_tokens or req.seq_len >= self.context_len:
+            self.finish(req, "length")
+            return
+        if req.stream:
+            self.outbox.append((req.sink, req.snapshot(req.detok.take_delta(final=False))))
+
+    # -- finishing ----------------------------------------------------------------------------------
+
+    def finish(self, req: Req, reason: str, error: str | None = None) -> None:
+        if req.state is ReqState.FINISHED:
+            return
+        req.finish_reason = reason
+        req.error = error
+        self.scheduler.remove(req)
+        self.emit_final(req)
+
+    def emit_final(self, req: Req) -> None:
+        if req.matched_stop is None or isinstance(req.matched_stop, int):
+            req.detok.flush()
+        delta = req.detok.take_delta(final=True)
+        self.requests.pop(req.rid, None)
+        self.outbox.append((req.sink, req.snapshot(delta)))
+
+    def abort_all(self, message: str) -> None:
+        for req in list(self.requests.values()):
+            if req.state is not ReqState.FINISHED:
+                req.error = message
+                req.finish_reason = "abort"
+                req.state = ReqState.FINISHED
+                self.emit_final(req)
