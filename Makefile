@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 30000
 MODEL ?= default
 
-.PHONY: install test test-all serve bench bench-peers clean
+.PHONY: install test test-all test-gpu gpu-wheels serve bench bench-peers clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,20 @@ test: install
 
 test-all: install
 	$(PY) -m pytest -q
+
+# On a CUDA machine: the GPU-marked tests (compiled Triton kernels, the engine and a server on
+# CUDA). Runs with the machine's own torch (the venv is a CPU build), so it needs no install.
+GPU_PYTHON ?= python3
+test-gpu:
+	PYTHONPATH=. $(GPU_PYTHON) -m pytest -m gpu -q -p no:cacheprovider
+
+# Wheels the GPU machine lacks (it has no network): carried there in .whl/ (git-ignored).
+# pip resolves their dependencies together (pydantic pins one pydantic-core, for one).
+GPU_WHEELS := msgspec starlette uvicorn openai
+gpu-wheels:
+	rm -rf .whl && $(PYTHON) -m pip download --quiet --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
 
 serve: install
 	@echo "radixserve: OpenAI-compatible API at http://$(HOST):$(PORT)/v1 (model: $(MODEL))"

@@ -112,7 +112,17 @@ class Scheduler:
         budget = self.args.max_prefill_tokens
         budget = self._continue_prefills(plan, budget)
         self._admit(plan, budget)
+        if not plan and self.running:
+            self._relieve_stall(plan)
         return plan
+
+    def _relieve_stall(self, plan: StepPlan) -> None:
+        """Every running request is mid-prefill and none can grow: nothing would ever free a slot.
+        Retract the newest so the others can go on; a lone request that cannot grow never fits."""
+        if len(self.running) > 1:
+            self._retract(self.running[-1], plan)
+        else:
+            self._fail(self.running[0], "the KV cache is too small for this request")
 
     def _schedule_decodes(self, plan: StepPlan) -> None:
         for req in [r for r in self.running if r.is_decoding]:

@@ -57,6 +57,8 @@ def test_info_routes_and_cache_flush(server: RunningServer) -> None:
                 "generated_tokens_total", "slots_free", "slots_cached", "slots_in_use", "slots_total"):
         assert key in info["stats"]
     assert info["model"] and "api_key" not in info
+    assert info["device"] == "cpu" and info["dtype"] == "float32"  # resolved, not "auto"
+    assert info["kv_cache_tokens"] == server.engine.runner.num_slots
     model = httpx.get(server.url + "/get_model_info").json()
     assert model["architectures"] == ["LlamaForCausalLM"]
     assert httpx.get(server.url + "/health").json()["status"] == "ok"

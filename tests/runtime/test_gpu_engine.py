@@ -1,0 +1,124 @@
+"""The engine on CUDA (`make test-gpu`; skipped without a GPU): the CPU suite's guarantees, on the device.
+
+- Greedy tokens identical to transformers for all five families in fp32, through the compiled
+  Triton kernels, in every scheduling configuration of the CPU parity test; every slot back.
+- The torch attention backend on CUDA too (its masks and gathers live on the device).
+- bf16 logits close to transformers' fp32 logits.
+- A forward step makes no host sync (CUDA's sync debug mode turns one into an error).
+- Seeded sampling is reproducible on the GPU, alone or batched.
+- A server on the GPU answers the openai client.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime import Engine
+from runtime.forward_batch import BatchEntry, ForwardBatch
+from runtime.model_runner import ModelRunner, RunnerConfig
+from tests.runtime.engine_helpers import assert_slots_balanced, reference_greedy, shared_prefix_prompts
+from tests.runtime.test_engine_parity import CONFIGS, STEPS
+from tests.tiny_models import FAMILIES, save_tiny_model
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, list, list]:
+    folder = save_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
+    prompts = shared_prefix_prompts()
+    return request.param, folder, prompts, reference_greedy(folder, prompts, STEPS)
+
+
+def _generate(folder: Path, prompts: list, backend: str, **config: object) -> tuple[list, dict]:
+    kwargs = dict(dtype="float32", kv_cache_tokens=1024, max_running_requests=8, device="cuda",
+                  attention_backend=backend)
+    kwargs.update(config)
+    params = {"max_new_tokens": STEPS, "temperature": 0, "ignore_eos": True}
+    with Engine(model=str(folder), **kwargs) as engine:
+        assert engine.device.type == "cuda" and engine.runner.pool.k[0].is_cuda
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        stats = engine.stats()
+        assert_slots_balanced(engine)
+    return [o.token_ids for o in outs], stats
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_greedy_matches_transformers_on_cuda(family: tuple, config: str) -> None:
+    _, folder, prompts, want = family
+    got, stats = _generate(folder, prompts, "triton", **CONFIGS[config])
+    assert got == want
+    if config == "tight-kv":
+        assert stats["retractions_total"] > 0
+
+
+def test_torch_backend_on_cuda(family: tuple) -> None:
+    _, folder, prompts, want = family
+    assert _generate(folder, prompts, "torch")[0] == want
+
+
+def test_bf16_logits_close_and_no_host_sync(family: tuple) -> None:
+    name, folder, prompts, _ = family
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    runner = ModelRunner(RunnerConfig(folder, dtype="bfloat16", num_slots=512, max_requests=8, max_context=256,
+                                      device="cuda"))
+    rows = [runner.table.alloc_row() for _ in prompts]
+    start = 0
+    for row, prompt in zip(rows, prompts):
+        runner.table.write(row, 0, torch.arange(start, start + len(prompt) + 1))
+        start += len(prompt) + 1
+    # Prefill all but the last token of the first half, then one mixed step: extends + decodes.
+    half = len(prompts) // 2
+    runner.forward(ForwardBatch.build([BatchEntry(r, 0, p[:-1]) for r, p in zip(rows[half:], prompts[half:])],
+                                      runner.table))
+    entries = ([BatchEntry(r, 0, p) for r, p in zip(rows[:half], prompts[:half])]
+               + [BatchEntry(r, len(p) - 1, p[-1:]) for r, p in zip(rows[half:], prompts[half:])])
+    batch = ForwardBatch.build(entries, runner.table)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        logits = runner.forward(batch)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    with torch.no_grad():
+        for i, prompt in enumerate(prompts):
+            want = ref(torch.tensor([prompt])).logits[0, -1]
+            got = logits[batch.next_token_rows()[i]].float().cpu()
+            # bf16 weights and activations: about 3 significant digits of logits of magnitude ~1-5.
+            assert (got - want).abs().max() < 0.15, (name, i, (got - want).abs().max())
+
+
+def test_seeded_sampling_is_reproducible_on_cuda(tmp_path: Path) -> None:
+    folder = save_tiny_model("qwen3", tmp_path)
+    seeded = {"max_new_tokens": 12, "temperature": 0.9, "top_p": 0.9, "seed": 1234, "ignore_eos": True}
+    other = {"max_new_tokens": 12, "temperature": 1.0, "ignore_eos": True}
+    prompts = shared_prefix_prompts()
+    with Engine(model=str(folder), device="cuda", kv_cache_tokens=1024) as engine:
+        alone = engine.generate(input_ids=prompts[0], sampling_params=seeded)[0].token_ids
+        batched = engine.generate(input_ids=prompts, sampling_params=[seeded] + [other] * (len(prompts) - 1))
+        again = engine.generate(input_ids=prompts[0], sampling_params=seeded)[0].token_ids
+    assert alone == batched[0].token_ids == again
+
+
+def test_server_on_cuda_answers_the_openai_client(tmp_path: Path) -> None:
+    openai = pytest.importorskip("openai")
+    from tests.server.harness import serve
+
+    folder = save_tiny_model("llama", tmp_path)
+    with Engine(model=str(folder), device="cuda", kv_cache_tokens=2048) as engine:
+        with serve(engine, served_model_name="tiny") as server:
+            import httpx
+
+            info = httpx.get(server.url + "/get_server_info").json()
+            assert info["device"].startswith("cuda") and info["dtype"] == "bfloat16"
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+            out = client.completions.create(model="tiny", prompt="hello world", max_tokens=8, temperature=0)
+            assert out.usage.completion_tokens > 0
+            chunks = list(client.completions.create(model="tiny", prompt="hello world", max_tokens=8,
+                                                    temperature=0, stream=True))
+            assert "".join(c.choices[0].text for c in chunks) == out.choices[0].text
