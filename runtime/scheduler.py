@@ -163,13 +163,13 @@ class Scheduler:
                 continue
             req = cand.req
             # Match again: admitting earlier candidates may have evicted what we matched before.
-            match = self.policy.cache.match_prefix(req.all_ids[: req.max_prefix_match()], req.extra_key)
-            self.policy.cache.lock(match.node)
+            match = self.kv.cache.match_prefix(req.all_ids[: req.max_prefix_match()], req.extra_key)
+            self.kv.cache.lock(match.node)
             prefix = len(match.indices)
             chunk = min(req.seq_len - prefix, self.args.chunked_prefill_size, budget)
             need = self.kv.pages_for(prefix + chunk) - prefix
             if self.kv.room() < need + self._decode_reserve(req):
-                self.policy.cache.unlock(match.node)
+                self.kv.cache.unlock(match.node)
                 break
             self.waiting.remove(req)
             self.kv.admit(req, match.indices, match.node)
