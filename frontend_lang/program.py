@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from frontend_lang.backends.base import Backend
 from frontend_lang.backends.engine_backend import EngineBackend
-from frontend_lang.ir import Gen, RoleBlock, Select
+from frontend_lang.ir import SAMPLING_KEYS, Concat, Gen, RoleBlock, Select
 from frontend_lang.state import ProgramState
 
 _default_backend: Backend | None = None
@@ -51,18 +51,22 @@ class _TracingState(ProgramState):
     """Runs a program only up to its first model call, to learn the text it starts with."""
 
     def __iadd__(self, expr: object) -> ProgramState:
-        if isinstance(expr, (Gen, Select)):
-            raise _StopTracing
-        if isinstance(expr, RoleBlock) and any(isinstance(p, (Gen, Select)) for p in expr.parts):
-            # The text before the role's first model call is still shared text.
-            self._begin_role(expr.role)
-            for part in expr.parts:
-                if isinstance(part, (Gen, Select)):
-                    break
-                self._run_expr(part)
-            raise _StopTracing
-        self._run_expr(expr)  # type: ignore[arg-type]
+        for part in expr.parts if isinstance(expr, Concat) else [expr]:
+            if isinstance(part, (Gen, Select)):
+                raise _StopTracing
+            if isinstance(part, RoleBlock) and any(isinstance(p, (Gen, Select)) for p in part.parts):
+                # The text before the role's first model call is still shared text.
+                self._begin_role(part.role)
+                for p in part.parts:
+                    if isinstance(p, (Gen, Select)):
+                        break
+                    self._run_expr(p)
+                raise _StopTracing
+            self._run_expr(part)  # type: ignore[arg-type]
         return self
+
+    def fork(self, n: int):  # noqa: ANN201 - tracing ends where the program branches
+        raise _StopTracing
 
     def _submit(self, fn, *args) -> None:  # noqa: ANN001
         fn(*args)  # synchronously: tracing makes no model calls
@@ -89,8 +93,7 @@ class Program:
                 try:
                     self.func(state, *args, **kwargs)
                 except BaseException as exc:  # noqa: BLE001 - surfaces through text_iter / sync
-                    state._error = exc
-                    state._events.put(exc)
+                    state.fail(exc)
                 state.finish()
 
             threading.Thread(target=body, daemon=True).start()
@@ -102,8 +105,15 @@ class Program:
 
     def run_batch(self, batch_kwargs: list[dict[str, object]], backend: object | None = None,
                   num_threads: int | str = "auto", progress_bar: bool = False,
-                  **defaults: object) -> list[ProgramState]:
-        """Run once per kwargs dict, concurrently. A failed item's state raises its error when read."""
+                  **sampling: object) -> list[ProgramState]:
+        """Run once per kwargs dict, concurrently. A failed item's state raises its error when read.
+
+        Keyword arguments beyond these are sampling defaults for every gen (temperature=..., ...).
+        """
+        defaults = _pop_defaults(sampling)
+        if sampling:
+            raise TypeError(f"run_batch() got unknown argument(s): {', '.join(sorted(sampling))} "
+                            f"(sampling defaults are {', '.join(SAMPLING_KEYS)})")
         resolved = _resolve(backend)
         self._warm_common_prefix(batch_kwargs, resolved)
         workers = min(len(batch_kwargs), 64) if num_threads == "auto" else int(num_threads)
@@ -158,8 +168,11 @@ def _common_prefix(texts: list[str]) -> str:
 
 
 def _pop_defaults(kwargs: dict[str, object]) -> dict[str, object]:
-    keys = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "seed")
-    return {k: kwargs.pop(k) for k in keys if k in kwargs}
+    """Run-level sampling defaults (SGLang's run(temperature=..., max_new_tokens=..., ...))."""
+    defaults = {k: kwargs.pop(k) for k in SAMPLING_KEYS if k in kwargs}
+    if isinstance(defaults.get("stop"), str):
+        defaults["stop"] = [defaults["stop"]]
+    return {k: v for k, v in defaults.items() if v is not None}
 
 
 def program(func: Callable[..., object]) -> Program:

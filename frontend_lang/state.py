@@ -3,13 +3,13 @@
 `s += expr` queues `expr` on the state's single worker thread and returns at once, so forked
 branches and batch items run concurrently and the engine batches their requests. Reading a
 variable, the text or the messages waits for the queued work; an error inside the program
-is raised there (and by `run`).
+is raised there (and by `run`). Text is also recorded as a log of (variable, piece) events,
+which `text_iter()` follows as it grows: all of it, or one generated variable.
 """
 
 from __future__ import annotations
 
 import copy
-import queue
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,9 +17,8 @@ from contextlib import contextmanager
 
 from frontend_lang.backends.base import Backend, Prompt
 from frontend_lang.chat_template import role_text
-from frontend_lang.ir import Expr, Gen, RoleBlock, Select
-
-_DONE = object()
+from frontend_lang.choices import decide
+from frontend_lang.ir import Concat, Expr, Gen, RoleBegin, RoleBlock, RoleEnd, Select
 
 
 class ProgramState:
@@ -30,11 +29,15 @@ class ProgramState:
         self._text = ""
         self._messages: list[dict[str, str]] = []
         self._vars: dict[str, object] = {}
+        self._meta: dict[str, dict[str, object]] = {}
         self._role: tuple[str, int, bool] | None = None  # (role, content start, last part was a gen)
         self._error: BaseException | None = None
         self._futures: list[Future[None]] = []
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixserve-program")
-        self._events: queue.Queue[object] = queue.Queue()
+        # The event log text_iter readers follow: (variable or None, text piece); closed at the end.
+        self._log: list[tuple[str | None, str]] = []
+        self._log_changed = threading.Condition()
+        self._log_closed = False
         self._lock = threading.Lock()
         self._forks: list[ProgramState] = []
 
@@ -50,8 +53,7 @@ class ProgramState:
                 try:
                     fn(*args)
                 except BaseException as exc:  # noqa: BLE001 - kept, raised on the next read
-                    self._error = exc
-                    self._events.put(exc)
+                    self.fail(exc)
 
         with self._lock:
             self._futures.append(self._executor.submit(guarded))
@@ -91,9 +93,29 @@ class ProgramState:
             raise KeyError(f"no variable {name!r} in this program state (have: {sorted(self._vars)})")
         return self._vars[name]
 
+    def get_var(self, name: str) -> object:
+        return self[name]
+
+    def set_var(self, name: str, value: object) -> None:
+        self.sync()
+        self._vars[name] = value
+
+    __setitem__ = set_var
+
+    def __contains__(self, name: str) -> bool:
+        self.sync()
+        return name in self._vars
+
     def get(self, name: str, default: object = None) -> object:
         self.sync()
         return self._vars.get(name, default)
+
+    def get_meta_info(self, name: str) -> dict[str, object]:
+        """What the backend reported for gen `name`: token counts, finish reason, logprobs when asked."""
+        self.sync()
+        if name not in self._meta:
+            raise KeyError(f"no meta info for {name!r} (have: {sorted(self._meta)})")
+        return self._meta[name]
 
     def text(self) -> str:
         self.sync()
@@ -107,23 +129,43 @@ class ProgramState:
     def error(self) -> BaseException | None:
         return self._error
 
-    def text_iter(self) -> Iterator[str]:
-        """Text as it is produced (prompt pieces and generated tokens), until the program ends."""
-        while True:
-            item = self._events.get()
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item  # type: ignore[misc]
+    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+        """Text as it is produced, until the program ends: all of it, or only what gen `var_name` writes.
 
-    def fork(self, n: int) -> list[ProgramState]:
+        With `run(..., stream=True)` pieces arrive token by token; otherwise each gen arrives whole.
+        Any number of readers may follow the same state.
+        """
+        seen = 0
+        while True:
+            with self._log_changed:
+                self._log_changed.wait_for(lambda: len(self._log) > seen or self._log_closed)
+                pieces, closed = self._log[seen:], self._log_closed
+            seen += len(pieces)
+            for var, text in pieces:
+                if var_name is None or var == var_name:
+                    yield text
+            if closed and seen == len(self._log):
+                if self._error is not None:
+                    raise self._error
+                return
+
+    def fail(self, exc: BaseException) -> None:
+        """Record the program's error; readers see it at their next read."""
+        self._error = exc
+        self._close_log()
+
+    def _close_log(self) -> None:
+        with self._log_changed:
+            self._log_closed = True
+            self._log_changed.notify_all()
+
+    def fork(self, n: int) -> ForkGroup:
         """`n` states sharing this one's text; the shared trunk is computed (and cached) once, first."""
         self.sync()
         self.backend.warm(self._text)
         children = [self._copy() for _ in range(n)]
         self._forks.extend(children)
-        return children
+        return ForkGroup(children, self)
 
     def _copy(self) -> ProgramState:
         child = ProgramState(self.backend, self.defaults, self.stream)
@@ -131,11 +173,16 @@ class ProgramState:
         child._vars, child._role = dict(self._vars), self._role
         return child
 
+    def _join_text(self, forks: list[ProgramState]) -> None:
+        base = self._text  # what every fork started from; each appends what it added
+        for fork in forks:
+            self._append(fork._text[len(base) :] if fork._text.startswith(base) else fork._text)
+
     def finish(self) -> None:
         """Mark the end of the program (for text_iter) once queued work is done, then let the
         worker threads (this state's and its forks') exit when their queued work is through."""
         self._submit(lambda: None)
-        self._executor.submit(lambda: self._events.put(_DONE))
+        self._executor.submit(self._close_log)
         self._release_workers()
 
     def _release_workers(self) -> None:
@@ -148,10 +195,12 @@ class ProgramState:
 
     # -- executing (on the worker thread) --------------------------------------------------------------
 
-    def _append(self, text: str) -> None:
+    def _append(self, text: str, var: str | None = None) -> None:
         if text:
             self._text += text
-            self._events.put(text)
+            with self._log_changed:
+                self._log.append((var, text))
+                self._log_changed.notify_all()
 
     def _run_expr(self, expr: Expr) -> None:
         if isinstance(expr, str):
@@ -160,10 +209,19 @@ class ProgramState:
             self._gen(expr)
         elif isinstance(expr, Select):
             self._select(expr)
+        elif isinstance(expr, Concat):
+            for part in expr.parts:
+                self._run_expr(part)
         elif isinstance(expr, RoleBlock):
             self._begin_role(expr.role)
             for part in expr.parts:
                 self._run_expr(part)
+            self._end_role()
+        elif isinstance(expr, RoleBegin):
+            self._begin_role(expr.role)
+        elif isinstance(expr, RoleEnd):
+            if self._role is not None and self._role[0] != expr.role:
+                raise ValueError(f"{expr.role}_end() inside a {self._role[0]} block")
             self._end_role()
         elif isinstance(expr, ProgramState):
             raise TypeError("cannot add a ProgramState to another; add its text() instead")
@@ -212,22 +270,68 @@ class ProgramState:
             pieces = []
             for delta in self.backend.stream(prompt, params):
                 pieces.append(delta)
-                self._append(delta)
-            text = "".join(pieces)
+                self._append(delta, gen.name)
+            text, meta = "".join(pieces), {}
         else:
-            text = self.backend.generate(prompt, params)
-            self._append(text)
+            completion = self.backend.generate(prompt, params)
+            text, meta = completion.text, completion.meta_info
+            self._append(text, gen.name)
         if gen.name is not None:
             self._vars[gen.name] = text
+            self._meta[gen.name] = meta
         if self._role is not None:
             self._role = (self._role[0], self._role[1], True)
 
     def _select(self, sel: Select) -> None:
-        index, scores = self.backend.select(self._prompt(), sel.choices)
+        logprobs = self.backend.choice_logprobs(self._prompt(), sel.choices)
+        index, scores = decide(sel.choices_method, logprobs)
         choice = sel.choices[index]
-        self._append(choice)
+        self._append(choice, sel.name)
         if sel.name is not None:
             self._vars[sel.name] = choice
             self._vars[f"{sel.name}_scores"] = scores
+            self._meta[sel.name] = {"normalized_prompt_logprobs": scores, "input_token_logprobs": logprobs}
         if self._role is not None:
             self._role = (self._role[0], self._role[1], False)
+
+
+class ForkGroup(list):
+    """The states `s.fork(n)` returns, as SGLang's ProgramStateGroup: a list of forks that also
+    broadcasts `+=` and joins back into the parent."""
+
+    def __init__(self, forks: list[ProgramState], parent: ProgramState) -> None:
+        super().__init__(forks)
+        self.parent = parent
+
+    def __iadd__(self, other: object) -> ForkGroup:  # type: ignore[override,misc]
+        """An expression goes to every fork; a callable gets each fork's index; a list gives one each."""
+        if isinstance(other, (list, tuple)):
+            if len(other) != len(self):
+                raise ValueError(f"{len(other)} expressions for {len(self)} forks")
+            items = list(other)
+        elif callable(other) and not isinstance(other, Expr):
+            items = [other(i) for i in range(len(self))]
+        else:
+            items = [other] * len(self)
+        for fork, item in zip(self, items):
+            fork += item
+        return self
+
+    def join(self, mode: str = "gather_variable") -> None:
+        """gather_variable: each variable the forks made becomes a list in the parent (one value per
+        fork). concate_and_append: the forks' new text is appended to the parent's, in order."""
+        for fork in self:
+            fork.sync()
+        parent = self.parent
+        if mode == "gather_variable":
+            parent.sync()
+            had = set(parent._vars)  # forks start with the parent's variables: only new ones gather
+            for fork in self:
+                for name, value in fork._vars.items():
+                    if name not in had:
+                        parent._vars.setdefault(name, []).append(value)  # type: ignore[union-attr]
+        elif mode == "concate_and_append":
+            parent._submit(parent._join_text, list(self))
+            parent.sync()
+        else:
+            raise ValueError(f"join mode must be gather_variable or concate_and_append, got {mode!r}")

@@ -10,6 +10,12 @@ from frontend_lang.chat_template import Render
 
 
 @dataclass
+class Completion:
+    text: str
+    meta_info: dict[str, object] = field(default_factory=dict)  # SGLang's meta_info: tokens, finish reason, logprobs
+
+
+@dataclass
 class Prompt:
     text: str  # the whole program text so far (what text backends send)
     messages: list[dict[str, str]] = field(default_factory=list)  # finished turns (for chat APIs)
@@ -24,15 +30,15 @@ class Backend(ABC):
         """The model's chat template, or None where the backend takes messages itself."""
 
     @abstractmethod
-    def generate(self, prompt: Prompt, params: dict[str, object]) -> str: ...
+    def generate(self, prompt: Prompt, params: dict[str, object]) -> Completion: ...
 
     def stream(self, prompt: Prompt, params: dict[str, object]) -> Iterator[str]:
         """Text deltas; backends that cannot stream yield the whole text once."""
-        yield self.generate(prompt, params)
+        yield self.generate(prompt, params).text
 
     @abstractmethod
-    def select(self, prompt: Prompt, choices: list[str]) -> tuple[int, list[float]]:
-        """Index of the best choice and every choice's score (mean token logprob)."""
+    def choice_logprobs(self, prompt: Prompt, choices: list[str]) -> list[list[float]]:
+        """For each choice, the logprobs of its tokens after the prompt (prompt + choice, scored once)."""
 
     def warm(self, text: str) -> None:
         """Compute and cache the KV of `text` now (a prefill-only request); a no-op where unsupported."""
@@ -40,10 +46,6 @@ class Backend(ABC):
 
 class BackendError(RuntimeError):
     """The backend failed or cannot do what the program asked."""
-
-
-def best_choice(scores: list[float]) -> int:
-    return max(range(len(scores)), key=lambda i: scores[i])
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:

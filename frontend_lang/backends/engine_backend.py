@@ -7,7 +7,7 @@ import queue
 import threading
 from collections.abc import Iterator
 
-from frontend_lang.backends.base import Backend, BackendError, Prompt, best_choice, common_prefix_len
+from frontend_lang.backends.base import Backend, BackendError, Completion, Prompt, common_prefix_len
 from frontend_lang.chat_template import Render
 from runtime import Engine
 
@@ -23,11 +23,18 @@ class EngineBackend(Backend):
             return None
         return lambda messages, add_generation_prompt: tok.apply_chat_template(messages, add_generation_prompt)
 
-    def generate(self, prompt: Prompt, params: dict[str, object]) -> str:
+    def generate(self, prompt: Prompt, params: dict[str, object]) -> Completion:
         out = self.engine.generate(input_ids=self.engine.encode(prompt.text), sampling_params=params)[0]
         if out.error:
             raise BackendError(out.error)
-        return out.text
+        meta: dict[str, object] = {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
+                                   "cached_tokens": out.cached_tokens, "finish_reason": out.finish_reason}
+        if out.logprobs is not None:
+            meta["output_token_logprobs"] = list(out.logprobs.output_token_logprobs)
+            meta["input_token_logprobs"] = list(out.logprobs.input_token_logprobs)
+            if out.logprobs.output_top_logprobs:
+                meta["output_top_logprobs"] = list(out.logprobs.output_top_logprobs)
+        return Completion(out.text, meta)
 
     def stream(self, prompt: Prompt, params: dict[str, object]) -> Iterator[str]:
         deltas: queue.Queue[object] = queue.Queue()
@@ -48,7 +55,7 @@ class EngineBackend(Backend):
                 raise item
             yield item  # type: ignore[misc]
 
-    def select(self, prompt: Prompt, choices: list[str]) -> tuple[int, list[float]]:
+    def choice_logprobs(self, prompt: Prompt, choices: list[str]) -> list[list[float]]:
         base = self.engine.encode(prompt.text)
         batch, starts = [], []
         for choice in choices:
@@ -63,9 +70,8 @@ class EngineBackend(Backend):
         for out in outs:
             if out.error or out.logprobs is None:
                 raise BackendError(out.error or "no logprobs returned")
-            values = [v for v, _ in out.logprobs.input_token_logprobs if v is not None]
-            scores.append(sum(values) / max(len(values), 1))
-        return best_choice(scores), scores
+            scores.append([v for v, _ in out.logprobs.input_token_logprobs if v is not None])
+        return scores
 
     def warm(self, text: str) -> None:
         self.engine.generate(input_ids=self.engine.encode(text), sampling_params={"max_new_tokens": 0})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from frontend_lang.backends.base import Backend, BackendError, Prompt
+from frontend_lang.backends.base import Backend, BackendError, Completion, Prompt
 from frontend_lang.chat_template import Render
 
 _OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "stop": "stop",
@@ -30,8 +30,8 @@ class OpenAI(Backend):
         extra = {k: v for k, v in params.items() if k not in _OPENAI_FIELDS}
         return known, extra
 
-    def generate(self, prompt: Prompt, params: dict[str, object]) -> str:
-        return "".join(self.stream(prompt, params, stream=False))
+    def generate(self, prompt: Prompt, params: dict[str, object]) -> Completion:
+        return Completion("".join(self.stream(prompt, params, stream=False)))
 
     def stream(self, prompt: Prompt, params: dict[str, object], stream: bool = True) -> Iterator[str]:
         import openai
@@ -59,6 +59,6 @@ class OpenAI(Backend):
         except openai.OpenAIError as exc:
             raise BackendError(f"OpenAI backend: {exc}") from exc
 
-    def select(self, prompt: Prompt, choices: list[str]) -> tuple[int, list[float]]:
-        raise BackendError("select() needs prompt logprobs, which the OpenAI API does not return; "
-                           "use the Engine or RuntimeEndpoint backend")
+    def choice_logprobs(self, prompt: Prompt, choices: list[str]) -> list[list[float]]:
+        raise BackendError("select() and gen(choices=...) need prompt logprobs, which the OpenAI API does not "
+                           "return; use the Engine or RuntimeEndpoint backend")

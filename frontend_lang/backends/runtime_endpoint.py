@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import httpx
 
-from frontend_lang.backends.base import Backend, BackendError, Prompt, best_choice, common_prefix_len
+from frontend_lang.backends.base import Backend, BackendError, Completion, Prompt, common_prefix_len
 from frontend_lang.chat_template import Render, jinja_renderer
 
 
@@ -33,8 +33,14 @@ class RuntimeEndpoint(Backend):
     def renderer(self) -> Render | None:
         return self._render
 
-    def generate(self, prompt: Prompt, params: dict[str, object]) -> str:
-        return self._call("POST", "/generate", {"text": prompt.text, "sampling_params": params})["text"]
+    def generate(self, prompt: Prompt, params: dict[str, object]) -> Completion:
+        body: dict[str, object] = {"text": prompt.text, "sampling_params": params}
+        for key in ("return_logprob", "logprob_start_len", "top_logprobs_num"):
+            if key in params:  # top-level on /generate, as SGLang has them
+                body[key] = params[key]
+        body["sampling_params"] = {k: v for k, v in params.items() if k not in body}
+        out = self._call("POST", "/generate", body)
+        return Completion(out["text"], dict(out.get("meta_info") or {}))
 
     def stream(self, prompt: Prompt, params: dict[str, object]) -> Iterator[str]:
         body = {"text": prompt.text, "sampling_params": params, "stream": True}
@@ -55,18 +61,15 @@ class RuntimeEndpoint(Backend):
     def tokenize(self, text: str) -> list[int]:
         return self._call("POST", "/tokenize", {"text": text})["tokens"]
 
-    def select(self, prompt: Prompt, choices: list[str]) -> tuple[int, list[float]]:
+    def choice_logprobs(self, prompt: Prompt, choices: list[str]) -> list[list[float]]:
         base = self.tokenize(prompt.text)
         batch = [self.tokenize(prompt.text + c) for c in choices]
         starts = [min(common_prefix_len(base, ids), len(ids) - 1) for ids in batch]
         # One batch request: the server computes the shared prefix once and the choices reuse it.
         params = [{"max_new_tokens": 0, "return_logprob": True, "logprob_start_len": s} for s in starts]
         outs = self._call("POST", "/generate", {"input_ids": batch, "sampling_params": params})
-        scores = []
-        for out in outs if isinstance(outs, list) else [outs]:
-            values = [v for v, _, _ in out["meta_info"]["input_token_logprobs"] if v is not None]
-            scores.append(sum(values) / max(len(values), 1))
-        return best_choice(scores), scores
+        return [[v for v, _, _ in out["meta_info"]["input_token_logprobs"] if v is not None]
+                for out in (outs if isinstance(outs, list) else [outs])]
 
     def warm(self, text: str) -> None:
         self._call("POST", "/generate", {"text": text, "sampling_params": {"max_new_tokens": 0}})
