@@ -9,9 +9,10 @@ which `text_iter()` follows as it grows: all of it, or one generated variable.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -148,6 +149,14 @@ class ProgramState:
                 if self._error is not None:
                     raise self._error
                 return
+
+    async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
+        """`text_iter` for asyncio code: the waiting happens on a worker thread, not the event loop."""
+        loop = asyncio.get_running_loop()
+        pieces = self.text_iter(var_name)
+        done = object()
+        while (piece := await loop.run_in_executor(None, next, pieces, done)) is not done:
+            yield piece  # type: ignore[misc]
 
     def fail(self, exc: BaseException) -> None:
         """Record the program's error; readers see it at their next read."""

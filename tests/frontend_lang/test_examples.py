@@ -18,6 +18,8 @@ EXPECT = {
     "few_shot_select.py": "negative",
     "tree_of_thought.py": "Best idea:",
     "react_agent.py": "Answer:",
+    # SGLang-style program through sgl.Runtime: few-shot capitals, batched and as joined forks
+    "sglang_style.py": "In parallel: Paris, Tokyo, Madrid",
 }
 
 

@@ -8,6 +8,7 @@ backends and against the same program written without the idiom under test.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 from collections.abc import Iterator
@@ -117,6 +118,11 @@ def test_roles_streaming_one_variable_and_run_level_defaults(backend: object) ->
     pieces = list(state.text_iter("answer_2"))
     assert "".join(pieces) == state["answer_2"]
     assert "".join(state.text_iter()) == state.text()  # a second reader of the same state
+
+    async def read_async() -> str:
+        return "".join([piece async for piece in state.text_async_iter("answer_1")])
+
+    assert asyncio.run(read_async()) == state["answer_1"]
     assert [m["role"] for m in state.messages()] == ["system", "user", "assistant", "user", "assistant"]
     assert state.messages()[-1]["content"].startswith("Sure: ")
     blocks = multi_turn_blocks.run(**args, backend=backend, temperature=0, max_new_tokens=8)
