@@ -32,12 +32,15 @@ test-gpu:
 	PYTHONPATH=. $(GPU_PYTHON) -m pytest -m gpu -q -p no:cacheprovider
 
 # Wheels the GPU machine lacks (it has no network): carried there in .whl/ (git-ignored).
-# pip resolves their dependencies together (pydantic pins one pydantic-core, for one).
+# pip resolves their dependencies together (pydantic pins one pydantic-core, for one); xgrammar's
+# own needs (torch, triton, transformers) are on that machine already, so it comes without them.
 GPU_WHEELS := msgspec starlette uvicorn openai
+GPU_WHEELS_NO_DEPS := xgrammar apache-tvm-ffi
+WHEEL_TARGET := --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+	--platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 gpu-wheels:
-	rm -rf .whl && $(PYTHON) -m pip download --quiet --only-binary=:all: --python-version 3.12 \
-	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-	  --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
+	rm -rf .whl && $(PYTHON) -m pip download --quiet $(WHEEL_TARGET) -d .whl $(GPU_WHEELS)
+	$(PYTHON) -m pip download --quiet --no-deps $(WHEEL_TARGET) -d .whl $(GPU_WHEELS_NO_DEPS)
 
 serve: install
 	@echo "radixserve: OpenAI-compatible API at http://$(HOST):$(PORT)/v1 (model: $(MODEL))"

@@ -69,6 +69,7 @@ class Engine:
         # New requests not yet admitted, counted at once (the loop's stats lag a step behind).
         self._queued = 0
         self._queue_lock = threading.Lock()
+        self._grammars = None  # runtime.grammar.Grammars, built on the first constrained request
         self.scheduler.on_dequeue = self._dequeued
         self._seeds = itertools.count(self.args.seed * 1_000_003)
         self._arrivals = itertools.count()
@@ -98,13 +99,35 @@ class Engine:
             if limit is not None and self._queued + params.n > limit:
                 raise QueueFullError(f"the waiting queue is full ({limit} requests)")
             self._queued += params.n
+        try:
+            compiled = self._compile_constraint(params)
+        except ValueError:
+            with self._queue_lock:
+                self._queued -= params.n
+            raise
         params = replace(params, max_new_tokens=min(params.max_new_tokens, self.context_len - len(ids)))
         rid = rid or uuid.uuid4().hex
         rids = [rid] if params.n == 1 else [f"{rid}.{i}" for i in range(params.n)]
         for index, child in enumerate(rids):
             req = self._make_req(child, ids, params, index, sink or (lambda _: None), cache_salt, stream)
+            if compiled is not None:
+                req.grammar = self._grammars.matcher(compiled)  # each sample walks the grammar on its own
             self.loop.post(lambda req=req: self.loop.add_request(req))
         return rids
+
+    def _compile_constraint(self, params: SamplingParams) -> object | None:
+        """Compile the request's regex / JSON schema / EBNF here, on the caller's thread (cached by source)."""
+        constraint = params.constraint()
+        if constraint is None:
+            return None
+        with self._queue_lock:
+            if self._grammars is None:
+                from runtime.grammar import Grammars
+
+                stops = sorted(self.tokenizer.eos_token_ids)
+                self._grammars = Grammars(self.tokenizer.hf, self.runner.vocab_size, stops)
+                self.loop.grammar_mask = self._grammars.mask
+        return self._grammars.compile(*constraint)
 
     def _dequeued(self, req: Req) -> None:
         with self._queue_lock:

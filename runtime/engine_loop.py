@@ -38,6 +38,8 @@ class EngineLoop:
         self.scheduler = scheduler
         self.kv = scheduler.kv  # the one owner of the allocator, the prefix cache and the slot table
         self.sampler = Sampler()
+        # Set by the Engine once a constrained request exists (runtime.grammar.Grammars.mask).
+        self.grammar_mask: Callable[[torch.Tensor, list], None] = lambda logits, matchers: None
         self.output = OutputProcessor(scheduler, set(tokenizer.eos_token_ids), context_len)
         self.requests = self.output.requests
         self.inbox: queue.Queue[Command | None] = queue.Queue()
@@ -135,6 +137,9 @@ class EngineLoop:
             # A plain decode step samples every row in order: no need to copy the logits.
             picked = logits if rows == list(range(logits.shape[0])) else logits.index_select(
                 0, torch.tensor(rows, dtype=torch.int64, device="cpu").to(logits.device))
+            matchers = [r.grammar for r in out.generating]
+            if any(m is not None for m in matchers):
+                self.grammar_mask(picked, matchers)
             out.result = self.sampler.sample(picked, [SampleRow(r.params, r.prompt_ids, r.output_ids, r.seed)
                                                       for r in out.generating])
         return out

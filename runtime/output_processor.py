@@ -74,6 +74,14 @@ class OutputProcessor:
             req.logprobs.output_token_logprobs.append((logprob, token))
             if top is not None:
                 req.logprobs.output_top_logprobs.append(top)
+        if req.grammar is not None:
+            if not req.grammar.accept_token(token):  # the mask allowed it: this would be a bug
+                self.finish(req, "abort", error=f"the output constraint rejected token {token}")
+                return
+            if req.grammar.is_terminated():  # the constraint is complete and its stop token chosen
+                req.matched_stop = token
+                self.finish(req, "stop")
+                return
         if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids:
             req.matched_stop = token
             self.finish(req, "stop")

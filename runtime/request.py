@@ -29,6 +29,7 @@ class Req:
     index: int = 0  # sample index among the n of its prompt
     arrival: int = 0  # admission order tiebreak (FCFS)
     stream: bool = False
+    grammar: object | None = None  # an xgrammar matcher when the output is constrained (runtime/grammar.py)
     state: ReqState = ReqState.WAITING
     output_ids: list[int] = field(default_factory=list)
     # KV bookkeeping (valid while RUNNING)

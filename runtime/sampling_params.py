@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, fields
 
 MAX_STOP_STRINGS = 64
 MAX_TOP_LOGPROBS = 20
+CONSTRAINTS = ("regex", "json_schema", "ebnf")
 
 
 @dataclass
@@ -28,6 +30,10 @@ class SamplingParams:
     logprob_start_len: int = -1  # -1: no prompt logprobs
     top_logprobs_num: int = 0
     skip_special_tokens: bool = True
+    # Constrained decoding (runtime/grammar.py): at most one of these.
+    regex: str | None = None
+    json_schema: str | None = None  # a JSON Schema, as JSON text
+    ebnf: str | None = None  # a grammar in xgrammar's EBNF (GBNF-like), start rule `root`
 
     @classmethod
     def from_dict(cls, values: dict[str, object] | None) -> SamplingParams:
@@ -39,9 +45,19 @@ class SamplingParams:
             raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
         if isinstance(values.get("stop"), str):
             values["stop"] = [values["stop"]]
+        if isinstance(values.get("json_schema"), dict):  # SGLang takes a string; a dict is as clear
+            values["json_schema"] = json.dumps(values["json_schema"])
         params = cls(**values)  # type: ignore[arg-type]
         params.validate()
         return params
+
+    def constraint(self) -> tuple[str, str] | None:
+        """(kind, source) of the output constraint, if any: ("regex" | "json_schema" | "ebnf", text)."""
+        for kind in CONSTRAINTS:
+            value = getattr(self, kind)
+            if value is not None:
+                return kind, value
+        return None
 
     @property
     def greedy(self) -> bool:
@@ -83,6 +99,12 @@ class SamplingParams:
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
         ):
             raise ValueError(f"stop_token_ids must be a list of non-negative integers, got {self.stop_token_ids!r}")
+        given = [kind for kind in CONSTRAINTS if getattr(self, kind) is not None]
+        for kind in given:
+            if not isinstance(getattr(self, kind), str) or not getattr(self, kind):
+                raise ValueError(f"{kind} must be a non-empty string, got {getattr(self, kind)!r}")
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)}: give at most one output constraint")
         for name in ("ignore_eos", "return_logprob", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")

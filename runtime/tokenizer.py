@@ -71,16 +71,19 @@ class Tokenizer:
         add_special = not (bos and text.startswith(bos))
         return self._with_bos(hf(text, add_special_tokens=add_special).input_ids)
 
-    def apply_chat_template(self, messages: list[dict[str, object]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, object]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, object]] | None = None) -> str:
         if not self.has_chat_template:
             raise ValueError("this model's tokenizer has no chat template; use completions instead")
         try:
-            return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+            return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                               tools=tools)
         except Exception as exc:  # jinja raises TemplateError and others for bad messages
             raise ValueError(f"messages: the chat template rejected them: {exc}") from exc
 
-    def encode_chat(self, messages: list[dict[str, object]], add_generation_prompt: bool = True) -> list[int]:
-        text = self.apply_chat_template(messages, add_generation_prompt)
+    def encode_chat(self, messages: list[dict[str, object]], add_generation_prompt: bool = True,
+                    tools: list[dict[str, object]] | None = None) -> list[int]:
+        text = self.apply_chat_template(messages, add_generation_prompt, tools)
         # The template writes BOS itself where the model wants it.
         return self._with_bos(self._require()(text, add_special_tokens=False).input_ids)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -16,11 +17,13 @@ from server.engine_client import PrimedStream, collect, run_request
 from server.errors import APIError, bad_request, error_json
 from server.protocol import (AssistantMessage, ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
                              ChatCompletionResponse, ChatDeltaChoice, ChoiceLogprobs, CompletionChoice, DeltaMessage,
+                             DeltaToolCall,
                              CompletionLogprobs, CompletionRequest, CompletionResponse, ModelCard, ModelList,
                              PromptTokensDetails, SamplingFields, TokenLogprobEntry, TopLogprob, Usage)
 from server.state import ServerState, decode_body
+from server.structured import Constraint, chat_tools, constraint_for, tool_calls
 
-KNOWN_ROLES = {"system", "developer", "user", "assistant"}
+KNOWN_ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_COMPLETION_LOGPROBS = 5
 
 
@@ -32,7 +35,7 @@ def json_response(obj: object, status: int = 200) -> Response:
 
 
 def sampling_params(req: SamplingFields, default_max: int, extra_stop: Sequence[str] = (),
-                    top_logprobs: int | None = None) -> SamplingParams:
+                    top_logprobs: int | None = None, constraint: Constraint | None = None) -> SamplingParams:
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     values: dict[str, object] = {
@@ -52,6 +55,7 @@ def sampling_params(req: SamplingFields, default_max: int, extra_stop: Sequence[
         "skip_special_tokens": req.skip_special_tokens,
         "return_logprob": top_logprobs is not None,
         "top_logprobs_num": top_logprobs or 0,
+        **(constraint.params if constraint is not None else {}),
     }
     try:
         params = SamplingParams.from_dict(values)
@@ -169,7 +173,7 @@ async def completions(request: Request) -> Response:
         prompts = [engine.encode(p) if isinstance(p, str) else list(p) for p in prompt_list(body.prompt)]
     except ValueError as exc:
         raise bad_request(ValueError(f"prompt: {exc}")) from exc
-    params = sampling_params(body, default_max=16, top_logprobs=body.logprobs)
+    params = sampling_params(body, default_max=16, top_logprobs=body.logprobs, constraint=constraint_for(body))
     for ids in prompts:
         check_context(state, len(ids), body)
     rid = f"cmpl-{uuid.uuid4().hex}"
@@ -246,6 +250,9 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict[str, object]]:
             raise APIError(400, f"messages[{i}].role: unknown role {message.role!r}; use one of "
                                 f"{sorted(KNOWN_ROLES)}", f"messages[{i}].role")
         content = message.content
+        if message.tool_calls and message.role != "assistant":
+            raise APIError(400, f"messages[{i}].tool_calls: only assistant messages call tools",
+                           f"messages[{i}].tool_calls")
         if isinstance(content, list):
             parts = []
             for part in content:
@@ -253,10 +260,29 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict[str, object]]:
                     raise APIError(400, f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
                 parts.append(part.text)
             content = "".join(parts)
+        entry: dict[str, object] = {"role": "system" if message.role == "developer" else message.role}
+        if message.tool_calls:
+            calls = [{"type": "function", "id": c.id,
+                      "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments, i)}}
+                     for c in message.tool_calls]
+            entry["tool_calls"] = calls
+            # Templates that do not render tool calls still show the model what was called.
+            content = content if content is not None else json.dumps([c["function"] for c in calls])
+        if message.tool_call_id is not None:
+            entry["tool_call_id"] = message.tool_call_id
         if content is None:
             raise APIError(400, f"messages[{i}].content is required", f"messages[{i}].content")
-        messages.append({"role": "system" if message.role == "developer" else message.role, "content": content})
+        entry["content"] = content
+        messages.append(entry)
     return messages
+
+
+def _arguments(text: str, i: int) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise APIError(400, f"messages[{i}].tool_calls: arguments must be JSON text", f"messages[{i}].tool_calls") \
+            from exc
 
 
 async def chat_completions(request: Request) -> Response:
@@ -264,33 +290,47 @@ async def chat_completions(request: Request) -> Response:
     body = decode_body(await state.read_body(request), ChatCompletionRequest)
     check_model(state, body.model)
     engine = state.engine
+    constraint = constraint_for(body)
     try:
-        ids = engine.tokenizer.encode_chat(chat_messages(body), body.add_generation_prompt)
+        ids = engine.tokenizer.encode_chat(chat_messages(body), body.add_generation_prompt, chat_tools(body))
     except ValueError as exc:
         raise bad_request(exc) from exc
     if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
         raise APIError(400, "top_logprobs must be in [0, 20]", "top_logprobs")
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, default_max=max(engine.context_len - len(ids), 1),
-                             extra_stop=engine.tokenizer.chat_stop_strings, top_logprobs=top)
+                             extra_stop=engine.tokenizer.chat_stop_strings, top_logprobs=top, constraint=constraint)
     check_context(state, len(ids), body)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     state.log_request(rid, body.messages)
     if body.stream:
         stream = PrimedStream(run_request(engine, state.metrics, ids, params, cache_salt=body.cache_salt, stream=True))
         await stream.prime()
-        return StreamingResponse(sse(_chat_events(state, rid, body, stream)), media_type="text/event-stream")
+        return StreamingResponse(sse(_chat_events(state, rid, body, stream, constraint)),
+                                 media_type="text/event-stream")
     outs = await collect(engine, state.metrics, ids, params, cache_salt=body.cache_salt)
-    choices = [ChatChoice(index=o.index, message=AssistantMessage(content=o.text), finish_reason=finish_reason(o),
-                          logprobs=_chat_logprobs(state, o) if body.logprobs else None) for o in outs]
+    choices = []
+    for o in outs:
+        message, reason = _chat_message(constraint, o)
+        choices.append(ChatChoice(index=o.index, message=message, finish_reason=reason,
+                                  logprobs=_chat_logprobs(state, o) if body.logprobs else None))
     state.log_response(rid, [o.text for o in outs])
     return json_response(ChatCompletionResponse(id=rid, created=int(time.time()), model=state.served_model_name,
                                                 choices=choices,
                                                 usage=usage(outs, [(outs[0].prompt_tokens, outs[0].cached_tokens)])))
 
 
+def _chat_message(constraint: Constraint, out: Output) -> tuple[AssistantMessage, str | None]:
+    """The assistant message of a finished output: text, or the tool call a tool constraint produced."""
+    if constraint.tool is not None and out.finish_reason == "stop":
+        calls = tool_calls(constraint, out.text)
+        if calls is not None:
+            return AssistantMessage(content=None, tool_calls=calls), "tool_calls"
+    return AssistantMessage(content=out.text), finish_reason(out)
+
+
 async def _chat_events(state: ServerState, rid: str, body: ChatCompletionRequest,
-                       stream: AsyncIterator[Output]) -> AsyncIterator[bytes]:
+                       stream: AsyncIterator[Output], constraint: Constraint) -> AsyncIterator[bytes]:
     created = int(time.time())
     model = state.served_model_name
     started: set[int] = set()
@@ -304,6 +344,15 @@ async def _chat_events(state: ServerState, rid: str, body: ChatCompletionRequest
             yield msgspec.json.encode(ChatCompletionChunk(id=rid, created=created, model=model, choices=[first]))
         if out.finished:
             finals.append(out)
+        if constraint.tool is not None:  # a tool call is sent whole, once its JSON is complete
+            if not out.finished:
+                continue
+            message, reason = _chat_message(constraint, out)
+            calls = [DeltaToolCall(index=j, id=c.id, function=c.function) for j, c in enumerate(message.tool_calls or [])]
+            delta = DeltaMessage(tool_calls=calls) if calls else DeltaMessage(content=out.text)
+            choice = ChatDeltaChoice(index=out.index, delta=delta, finish_reason=reason)
+            yield msgspec.json.encode(ChatCompletionChunk(id=rid, created=created, model=model, choices=[choice]))
+            continue
         if not out.delta_text and not out.finished:
             continue
         delta = DeltaMessage(content=out.delta_text) if out.delta_text else DeltaMessage()

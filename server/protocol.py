@@ -18,6 +18,18 @@ class StreamOptions(msgspec.Struct, omit_defaults=True):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(msgspec.Struct, kw_only=True):
+    name: str | None = None
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    type: str
+    json_schema: JsonSchemaFormat | None = None
+
+
 class SamplingFields(msgspec.Struct, kw_only=True):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's plus vLLM/SGLang extensions)."""
 
@@ -43,6 +55,38 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     skip_special_tokens: bool = True
     cache_salt: str | None = None
     rid: str | None = None
+    # Output constraints (server/structured.py), and fields that would change the answer if ignored.
+    response_format: ResponseFormat | None = None
+    regex: str | None = None  # SGLang's extensions on its OpenAI routes
+    ebnf: str | None = None
+    logit_bias: dict[str, float] | None = None  # refused: not implemented
+    functions: list[Any] | None = None  # refused: the deprecated form of tools
+    function_call: Any = None
+    guided_json: Any = None  # refused: vLLM's old names; use response_format / regex / ebnf
+    guided_regex: Any = None
+    guided_grammar: Any = None
+    guided_choice: Any = None
+
+
+class FunctionDef(msgspec.Struct, kw_only=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct, kw_only=True):
+    type: str
+    function: FunctionDef
+
+
+class NamedFunction(msgspec.Struct):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, kw_only=True):
+    type: str
+    function: NamedFunction
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
@@ -58,14 +102,30 @@ class TextPart(msgspec.Struct):
     text: str | None = None
 
 
+class ToolCallFunction(msgspec.Struct):
+    name: str
+    arguments: str  # JSON text, as OpenAI returns it
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    id: str
+    function: ToolCallFunction
+    type: str = "function"
+
+
 class ChatMessage(msgspec.Struct, kw_only=True):
     role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an earlier assistant turn that called tools
+    tool_call_id: str | None = None  # a "tool" message answers this call
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
     messages: list[ChatMessage]
+    tools: list[Tool] | None = None
+    tool_choice: str | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
@@ -125,11 +185,20 @@ class ChoiceLogprobs(msgspec.Struct):
 class AssistantMessage(msgspec.Struct):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class DeltaToolCall(msgspec.Struct, kw_only=True):
+    index: int
+    id: str
+    function: ToolCallFunction
+    type: str = "function"
 
 
 class DeltaMessage(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChoice(msgspec.Struct):

@@ -30,6 +30,7 @@ PARAMS = [
     {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True, "return_logprob": True, "logprob_start_len": 2},
     {"max_new_tokens": 0, "temperature": 0},
     {"max_new_tokens": 5, "temperature": 1.0, "seed": 11, "ignore_eos": True},
+    {"max_new_tokens": 12, "temperature": 0.5, "seed": 4, "regex": "(yes|no)[0-9]{2}"},
 ]
 
 
@@ -43,7 +44,7 @@ def _run(folder: Path, meta_default: bool, **engine_args: object) -> list:
                     return run_plan(plan)
 
             engine.loop._run_plan = on_meta
-        outs = engine.generate(input_ids=shared_prefix_prompts(), sampling_params=PARAMS)
+        outs = engine.generate(input_ids=shared_prefix_prompts() + [[5, 6, 7]], sampling_params=PARAMS)
         assert_slots_balanced(engine)
     return outs
 

@@ -105,6 +105,22 @@ def test_seeded_sampling_is_reproducible_on_cuda(tmp_path: Path) -> None:
     assert alone == batched[0].token_ids == again
 
 
+def test_constrained_decoding_on_cuda(tmp_path: Path) -> None:
+    import json
+    import re
+
+    folder = save_tiny_model("gemma3", tmp_path)
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["n"]}
+    with Engine(model=str(folder), device="cuda", kv_cache_tokens=1024) as engine:
+        outs = engine.generate(input_ids=[[2, 5, 6, 7]] * 2, sampling_params=[
+            {"regex": r"(yes|no) [0-9]{2}", "max_new_tokens": 20, "temperature": 0.8, "seed": 1, "n": 4},
+            {"json_schema": json.dumps(schema), "max_new_tokens": 30, "temperature": 0}])
+        assert_slots_balanced(engine)
+    assert all(re.fullmatch(r"(yes|no) [0-9]{2}", o.text) for o in outs[:4])
+    assert 0 <= json.loads(outs[4].text)["n"] <= 99
+
+
 def test_server_on_cuda_answers_the_openai_client(tmp_path: Path) -> None:
     openai = pytest.importorskip("openai")
     from tests.server.harness import serve

@@ -1,0 +1,71 @@
+"""Constrained decoding with xgrammar: regex, JSON Schema and EBNF constraints as per-token bitmasks.
+
+xgrammar (the library SGLang and vLLM use) compiles a constraint against the tokenizer's vocabulary
+once; compiled grammars are cached by their source. Each request (each sample of an n > 1 request)
+gets its own matcher, which says which tokens may come next; the sampler's room applies that as a
+bitmask to the logits on their device, and the output room feeds the chosen token back. Accepted
+tokens are never taken back (a retracted request keeps its tokens, so its matcher stays right).
+
+JSON is compiled without free whitespace (compact separators, as vLLM's `disable_any_whitespace`):
+a small model must not be free to loop on spaces and newlines inside an object.
+Compilation happens where a request is submitted (a bad constraint is a ValueError there), never
+on the engine loop's thread.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+
+import torch
+
+# `response_format: {"type": "json_object"}` asks for an object, not any JSON value.
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+
+
+class Grammars:
+    def __init__(self, hf_tokenizer: object, vocab_size: int, stop_token_ids: list[int]) -> None:
+        import xgrammar as xgr
+
+        self._xgr = xgr
+        if hf_tokenizer is None:
+            raise ValueError("constrained decoding needs the model's tokenizer; this model folder has none")
+        info = xgr.TokenizerInfo.from_huggingface(hf_tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+        self.vocab_size = vocab_size
+        self.compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=True)
+        self._lock = threading.Lock()  # compile from any thread, one at a time
+
+    def compile(self, kind: str, source: str) -> object:
+        """A compiled grammar for a constraint; a ValueError naming the field when it is invalid."""
+        try:
+            with self._lock:
+                if kind == "regex":
+                    return self.compiler.compile_regex(source)
+                if kind == "json_schema":
+                    json.loads(source)  # a clear message for what is not JSON at all
+                    return self.compiler.compile_json_schema(source, any_whitespace=False, strict_mode=True)
+                if kind == "ebnf":
+                    return self.compiler.compile_grammar(source)
+        except ValueError as exc:
+            raise ValueError(f"{kind}: {exc}") from exc
+        except RuntimeError as exc:  # xgrammar reports parse errors this way, after a source location
+            message = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(exc).strip().splitlines()[-1])
+            raise ValueError(f"{kind}: invalid: {message}") from exc
+        raise ValueError(f"unknown constraint kind {kind!r}")
+
+    def matcher(self, compiled: object) -> object:
+        return self._xgr.GrammarMatcher(compiled)
+
+    def mask(self, logits: torch.Tensor, matchers: list[object | None]) -> None:
+        """In place: every token a row's matcher rules out gets -inf. Rows without one are untouched."""
+        rows = [i for i, m in enumerate(matchers) if m is not None]
+        if not rows:
+            return
+        xgr = self._xgr
+        # Filled on the host by the matchers, then one copy to the logits' device.
+        bitmask = torch.full(xgr.get_bitmask_shape(len(matchers), self.vocab_size), -1, dtype=xgr.bitmask_dtype,
+                             device="cpu")
+        for i in rows:
+            matchers[i].fill_next_token_bitmask(bitmask, i)  # type: ignore[union-attr]
+        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True), indices=rows)
