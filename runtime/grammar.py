@@ -34,6 +34,7 @@ class Grammars:
         info = xgr.TokenizerInfo.from_huggingface(hf_tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
         self.vocab_size = vocab_size
         self.compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=True)
+        self.batch = xgr.BatchGrammarMatcher(max_threads="auto")  # fills many rows' masks in parallel
         self._lock = threading.Lock()  # compile from any thread, one at a time
 
     def compile(self, kind: str, source: str) -> object:
@@ -66,6 +67,8 @@ class Grammars:
         # Filled on the host by the matchers, then one copy to the logits' device.
         bitmask = torch.full(xgr.get_bitmask_shape(len(matchers), self.vocab_size), -1, dtype=xgr.bitmask_dtype,
                              device="cpu")
-        for i in rows:
-            matchers[i].fill_next_token_bitmask(bitmask, i)  # type: ignore[union-attr]
+        if len(rows) == 1:
+            matchers[rows[0]].fill_next_token_bitmask(bitmask, rows[0])  # type: ignore[union-attr]
+        else:
+            self.batch.batch_fill_next_token_bitmask([matchers[i] for i in rows], bitmask, indices=rows)
         xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True), indices=rows)
