@@ -7,14 +7,14 @@ HOST ?= 127.0.0.1
 PORT ?= 30000
 MODEL ?= default
 
-.PHONY: install test test-all test-gpu gpu-wheels serve bench bench-peers clean
+.PHONY: install test test-all test-gpu gpu-wheels serve serve-cluster bench bench-peers clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Reinstall only when the project's requirements change.
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench,cluster]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -45,6 +45,12 @@ gpu-wheels:
 serve: install
 	@echo "radixserve: OpenAI-compatible API at http://$(HOST):$(PORT)/v1 (model: $(MODEL))"
 	$(PY) -m server --model $(MODEL) --host $(HOST) --port $(PORT)
+
+# N replicas behind the SGLang router (cache-aware routing): make serve-cluster DP=2
+DP ?= 2
+POLICY ?= cache_aware
+serve-cluster: install
+	$(PY) -m server.cluster --model $(MODEL) --dp-size $(DP) --policy $(POLICY) --host $(HOST) --port $(PORT)
 
 bench: install
 	$(PY) -m benchmarks.run_all --quick

@@ -77,6 +77,9 @@ def _response(state: ServerState, out: Output) -> GenerateResponse:
 async def generate(request: Request) -> Response:
     state: ServerState = request.app.state.radix
     body = decode_body(await state.read_body(request), GenerateRequest)
+    for name in ("return_hidden_states", "return_entropy", "return_bytes", "background"):
+        if getattr(body, name):
+            raise APIError(400, f"{name} is not supported", name)
     prompts = _batch(body, state)
     raw = body.sampling_params
     raws = raw if isinstance(raw, list) else [raw] * len(prompts)
@@ -160,7 +163,8 @@ async def get_server_info(request: Request) -> Response:
     state: ServerState = request.app.state.radix
     settings = {k: v for k, v in vars(state.settings).items() if k != "api_key"}
     engine = state.engine
-    resolved = {"device": str(engine.device), "dtype": str(engine.runner.dtype).removeprefix("torch."),
+    resolved = {"model_path": str(engine.model_path), "served_model_name": state.served_model_name,
+                "device": str(engine.device), "dtype": str(engine.runner.dtype).removeprefix("torch."),
                 "kv_cache_tokens": engine.runner.num_slots, "context_length": engine.context_len,
                 "attention_backend": engine.runner.backend.name}
     return json_response({**state.engine_args, **settings, **resolved, "stats": engine.stats(), "version": "0.1.0"})

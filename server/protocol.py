@@ -270,6 +270,16 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     top_logprobs_num: int = 0
     rid: str | list[str] | None = None
     cache_salt: str | None = None
+    model: str | None = None  # accepted and not checked: the SGLang router adds its own model id here
+    # Fields SGLang's router writes into every body it forwards. Token texts are always in our
+    # logprobs, and metrics/logging need no per-request switch; the rest are refused when set.
+    return_text_in_logprobs: bool = False
+    log_metrics: bool = True
+    no_logs: bool = False
+    return_hidden_states: bool = False
+    return_entropy: bool = False
+    return_bytes: bool = False
+    background: bool = False
 
 
 class FinishReason(msgspec.Struct, omit_defaults=True):
