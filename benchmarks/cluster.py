@@ -26,6 +26,9 @@ from pathlib import Path
 
 import httpx
 
+if __package__ in (None, ""):  # run as `python benchmarks/x.py`: import `benchmarks` as -m would
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from benchmarks.serving import run as load
 
 CONFIGS = [(1, "cache_aware"), (2, "cache_aware"), (2, "round_robin")]

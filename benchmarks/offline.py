@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python benchmarks/x.py`: import `benchmarks` as -m would
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.systems import RadixSystem, Result, System, TransformersSystem
 from benchmarks.workloads import SCALES, WORKLOADS, Workload, make_workload

@@ -20,6 +20,9 @@ from pathlib import Path
 
 import httpx
 
+if __package__ in (None, ""):  # run as `python benchmarks/x.py`: import `benchmarks` as -m would
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from benchmarks import serving
 
 ROOT = Path(__file__).resolve().parent

@@ -10,8 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 import time
 from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python benchmarks/x.py`: import `benchmarks` as -m would
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import plots
 from benchmarks.offline import RadixSystem, benchmark, run_workload

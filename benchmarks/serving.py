@@ -13,10 +13,15 @@ import argparse
 import asyncio
 import json
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import httpx
+
+if __package__ in (None, ""):  # run as `python benchmarks/x.py`: import `benchmarks` as -m would
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.workloads import SCALES, WORKLOADS, make_workload
 

@@ -70,6 +70,7 @@ class Engine:
         self._queued = 0
         self._queue_lock = threading.Lock()
         self._grammars = None  # runtime.grammar.Grammars, built on the first constrained request
+        self._grammars_lock = threading.Lock()
         self.scheduler.on_dequeue = self._dequeued
         self._seeds = itertools.count(self.args.seed * 1_000_003)
         self._arrivals = itertools.count()
@@ -120,7 +121,7 @@ class Engine:
         constraint = params.constraint()
         if constraint is None:
             return None
-        with self._queue_lock:
+        with self._grammars_lock:
             if self._grammars is None:
                 from runtime.grammar import Grammars
 
