@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernels import get_attention_backend
@@ -16,6 +15,7 @@ from runtime.context import ForwardContext, forward_context
 from runtime.device import DTYPES, resolve_device, resolve_dtype  # noqa: F401 - DTYPES re-exported
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_pool import KVPool, kv_bytes_per_token, plan_kv_tokens
+from runtime.layers.output_layer import OutputLayer
 from runtime.models import model_class
 from runtime.models.llama import head_dim_of
 from runtime.models.weights import dummy_init, iterate_weights
@@ -84,6 +84,7 @@ class ModelRunner:
         self.table = ReqSlotTable(cfg.max_requests, self.context_len, self.device)
         self.backend = get_attention_backend(cfg.attention_backend, self.device.type)
         self.softcap: float | None = getattr(c, "final_logit_softcapping", None)
+        self.output_layer = OutputLayer()
         logger.info("loaded %s on %s (%s, %s attention) in %.1fs: weights %.2f GiB, KV pool %.2f GiB = %d tokens",
                     cfg.model_path.name, self.device, str(self.dtype).removeprefix("torch."), self.backend.name,
                     time.perf_counter() - start, weights / GiB, self.pool.nbytes() / GiB, num_slots)
@@ -102,14 +103,7 @@ class ModelRunner:
         return self.compute_logits(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.output_weight
-        if hidden.shape[0] == 1 or hidden.device.type != "cpu":
-            logits = F.linear(hidden, weight).float()
-        else:
-            # weight @ hidden.T takes a faster GEMM path on the CPU than hidden @ weight.T for the
-            # tall, thin output layer (measured: 45 ms vs 81 ms at batch 64 for Gemma's 262k vocabulary).
-            # Made row-major before anything reads rows of it (sampling gathers rows).
-            logits = torch.mm(weight, hidden.t()).t().contiguous().float()
+        logits = self.output_layer(hidden, self.model.output_weight)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
