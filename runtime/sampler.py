@@ -157,7 +157,7 @@ class Sampler:
         logp = torch.log_softmax(logits[idx], dim=-1)
         chosen = logp.gather(1, tokens[idx][:, None]).squeeze(1)
         k = max(params[i].top_logprobs_num for i in wanted)
-        top_values, top_ids = logp.topk(k, dim=-1) if k else (chosen[:, None], chosen[:, None])
+        top_values, top_ids = logp.topk(k, dim=-1)  # k == 0 gives [w, 0]: nothing to copy
         # One copy back for everything this step produced.
         host = torch.cat([tokens.double(), chosen.double(), top_values.double().flatten(),
                           top_ids.double().flatten()]).tolist()
