@@ -16,7 +16,6 @@ import asyncio
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,18 +29,13 @@ if __package__ in (None, ""):  # run as `python benchmarks/x.py`: import `benchm
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.serving import run as load
+from server.processes import free_port
 
 CONFIGS = [(1, "cache_aware"), (2, "cache_aware"), (2, "round_robin")]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def measure(model: str, dp: int, policy: str, scale: str, concurrency: int, extra: list[str]) -> dict:
-    port = _free_port()
+    port = free_port()
     log = Path(tempfile.mkstemp(suffix=".log")[1])
     argv = [sys.executable, "-m", "server.cluster", "--model", model, "--dp-size", str(dp), "--port", str(port),
             "--worker-base-port", str(port + 50), "--policy", policy, *extra]

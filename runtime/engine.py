@@ -95,17 +95,12 @@ class Engine:
             raise RuntimeError("the engine has been shut down")
         params = _as_params(sampling_params)
         ids = self._validate_ids(input_ids)
+        compiled = self._compile_constraint(params)  # a bad constraint raises before anything is queued
         with self._queue_lock:
             limit = self.args.max_queued_requests
             if limit is not None and self._queued + params.n > limit:
                 raise QueueFullError(f"the waiting queue is full ({limit} requests)")
             self._queued += params.n
-        try:
-            compiled = self._compile_constraint(params)
-        except ValueError:
-            with self._queue_lock:
-                self._queued -= params.n
-            raise
         params = replace(params, max_new_tokens=min(params.max_new_tokens, self.context_len - len(ids)))
         rid = rid or uuid.uuid4().hex
         rids = [rid] if params.n == 1 else [f"{rid}.{i}" for i in range(params.n)]

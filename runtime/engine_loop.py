@@ -24,7 +24,7 @@ from runtime.forward_batch import ForwardBatch
 from runtime.model_runner import ModelRunner
 from runtime.output_processor import OutputProcessor, StepOutputs
 from runtime.request import Req, ReqState
-from runtime.sampler import SampleRow, Sampler, prompt_logprobs
+from runtime.sampler import Sampler, SampleRow, device_ids, prompt_logprobs
 from runtime.scheduler import Scheduler, StepPlan
 from runtime.tokenizer import Tokenizer
 
@@ -136,7 +136,7 @@ class EngineLoop:
         if rows:
             # A plain decode step samples every row in order: no need to copy the logits.
             picked = logits if rows == list(range(logits.shape[0])) else logits.index_select(
-                0, torch.tensor(rows, dtype=torch.int64, device="cpu").to(logits.device))
+                0, device_ids(rows, logits.device))
             matchers = [r.grammar for r in out.generating]
             if any(m is not None for m in matchers):
                 self.grammar_mask(picked, matchers)

@@ -55,6 +55,11 @@ def _has_penalty(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
 
+def device_ids(values: list[int], device: torch.device) -> torch.Tensor:
+    """Host ints as an int64 tensor on `device` (made on the host, then copied: one explicit upload)."""
+    return torch.tensor(values, dtype=torch.int64, device="cpu").to(device)
+
+
 def _column(values: list[float], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32, device="cpu").to(device, non_blocking=True)[:, None]
 
@@ -96,7 +101,7 @@ def filter_probs(probs: torch.Tensor, top_k: list[int], top_p: list[float], min_
     if any(0 < k < vocab for k in top_k):
         ks = [k if 0 < k < vocab else vocab for k in top_k]
         kth = probs.topk(max(ks), dim=-1).values.gather(
-            1, torch.tensor(ks, dtype=torch.int64, device="cpu").to(device)[:, None] - 1)
+            1, device_ids(ks, device)[:, None] - 1)
         probs = torch.where(probs < kth, 0.0, probs)
     if any(m > 0 for m in min_p):
         floor = _column(min_p, device) * probs.max(dim=-1, keepdim=True).values
@@ -135,13 +140,13 @@ class Sampler:
         penalised = [i for i, p in enumerate(params) if _has_penalty(p)]
         if penalised:
             logits = logits.clone()
-            idx = torch.tensor(penalised, dtype=torch.int64, device="cpu").to(logits.device)
+            idx = device_ids(penalised, logits.device)
             logits[idx] = apply_penalties(logits[idx], [rows[i] for i in penalised])
         tokens = logits.argmax(dim=-1)  # greedy rows are done
         random = [i for i, p in enumerate(params) if not p.greedy]
         if random:
             device = logits.device
-            idx = torch.tensor(random, dtype=torch.int64, device="cpu").to(device)
+            idx = device_ids(random, device)
             sub = [params[i] for i in random]
             temps = _column([p.temperature for p in sub], device)
             probs = torch.softmax(logits[idx] / temps, dim=-1)
@@ -153,7 +158,7 @@ class Sampler:
 
     def _with_logprobs(self, logits: torch.Tensor, params: list[SamplingParams], tokens: torch.Tensor,
                        wanted: list[int]) -> SampleResult:
-        idx = torch.tensor(wanted, dtype=torch.int64, device="cpu").to(logits.device)
+        idx = device_ids(wanted, logits.device)
         logp = torch.log_softmax(logits[idx], dim=-1)
         chosen = logp.gather(1, tokens[idx][:, None]).squeeze(1)
         k = max(params[i].top_logprobs_num for i in wanted)
@@ -178,7 +183,7 @@ class Sampler:
 def prompt_logprobs(logits: torch.Tensor, next_ids: list[int], top_k: int) -> tuple[list[float], list[list[TokenLogprob]]]:
     """Logprob of each next_ids[j] under logits[j] (the position before it), and the top-k there."""
     logp = torch.log_softmax(logits, dim=-1)
-    ids = torch.tensor(next_ids, dtype=torch.int64, device="cpu").to(logits.device)
+    ids = device_ids(next_ids, logits.device)
     chosen = logp.gather(1, ids[:, None]).squeeze(1).tolist()
     tops: list[list[TokenLogprob]] = []
     if top_k:

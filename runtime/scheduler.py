@@ -39,8 +39,10 @@ class StepPlan:
     def add(self, req: Req, num_tokens: int, logits_from: int | None = None) -> None:
         tokens = req.all_ids[req.kv_len : req.kv_len + num_tokens]
         assert req.row is not None and len(tokens) == num_tokens
-        (self._extends if num_tokens > 1 else self._decodes).append((req, BatchEntry(req.row, req.kv_len, tokens,
-                                                                                     logits_from)))
+        self._put(req, BatchEntry(req.row, req.kv_len, tokens, logits_from))
+
+    def _put(self, req: Req, entry: BatchEntry) -> None:
+        (self._extends if len(entry.token_ids) > 1 else self._decodes).append((req, entry))
 
     def drop(self, req: Req) -> None:
         self._extends = [(r, e) for r, e in self._extends if r is not req]
@@ -49,7 +51,7 @@ class StepPlan:
     @classmethod
     def of(cls, req: Req, entry: BatchEntry) -> StepPlan:
         plan = cls()
-        (plan._extends if len(entry.token_ids) > 1 else plan._decodes).append((req, entry))
+        plan._put(req, entry)
         return plan
 
     @property

@@ -20,15 +20,13 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
-import httpx
-
+from server import processes
 from server.cli import build_parser as server_parser
 
 POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
@@ -109,12 +107,6 @@ def replica_commands(args: argparse.Namespace, server_flags: list[str]) -> list[
     return procs
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _cuda_devices(device: str) -> int:
     if device == "cpu":
         return 0
@@ -126,19 +118,8 @@ def _cuda_devices(device: str) -> int:
 
 
 def wait_healthy(proc: Proc, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    url = f"http://127.0.0.1:{proc.port}/health"
-    while time.monotonic() < deadline:
-        if not proc.alive:
-            raise RuntimeError(f"{proc.name} exited with code {proc.popen.returncode if proc.popen else '?'} "
-                               "while starting (its output is above)")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{proc.name} did not become healthy in {timeout:.0f}s")
+    assert proc.popen is not None
+    processes.wait_healthy(proc.popen, proc.port, proc.name, timeout)  # its output is above, prefixed
 
 
 def router_command(args: argparse.Namespace, replicas: list[Proc]) -> Proc:
@@ -149,7 +130,7 @@ def router_command(args: argparse.Namespace, replicas: list[Proc]) -> Proc:
     # circuit after 3 failures. --router-args come last, so they override these.
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", args.host, "--port", str(args.port),
             "--worker-urls", *urls, "--policy", args.policy, "--log-level", "warn",
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port()),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(processes.free_port()),
             "--health-check-interval-secs", "5", "--health-failure-threshold", "2", "--cb-failure-threshold", "3",
             *args.router_args.split()]
     return Proc("router", args.port, argv)

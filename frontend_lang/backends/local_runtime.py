@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import atexit
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-
-import httpx
 
 from frontend_lang.backends.base import BackendError
 from frontend_lang.backends.runtime_endpoint import RuntimeEndpoint
+from server.processes import free_port, wait_healthy
 
 # SGLang's server-argument names -> ours (flags of `python -m server`).
 SGLANG_NAMES = {"mem_fraction_static": "kv_cache_memory_fraction", "max_total_tokens": "kv_cache_tokens",
@@ -34,12 +31,6 @@ SGLANG_NAMES = {"mem_fraction_static": "kv_cache_memory_fraction", "max_total_to
 # Accepted for compatibility where they ask for what a single local process is anyway.
 NEUTRAL = {"tp_size": 1, "dp_size": 1, "trust_remote_code": None, "skip_tokenizer_init": False}
 SERVER_FLAGS = ("host", "api_key", "served_model_name", "max_request_body_bytes", "log_level", "log_requests")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def server_argv(model_path: str, port: int, options: dict[str, object]) -> list[str]:
@@ -75,7 +66,7 @@ def server_argv(model_path: str, port: int, options: dict[str, object]) -> list[
 
 class Runtime(RuntimeEndpoint):
     def __init__(self, model_path: str = "default", startup_timeout: float = 600.0, **options: object) -> None:
-        self.port = int(options.pop("port", 0) or _free_port())  # type: ignore[arg-type]
+        self.port = int(options.pop("port", 0) or free_port())  # type: ignore[arg-type]
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.NamedTemporaryFile(prefix="radixserve-runtime-", suffix=".log", delete=False)
         argv = server_argv(model_path, self.port, options)
@@ -93,18 +84,10 @@ class Runtime(RuntimeEndpoint):
         return self
 
     def _wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise BackendError(f"the server exited with code {self.process.returncode} while starting:\n"
-                                   f"{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise BackendError(f"the server did not become healthy in {timeout:.0f}s:\n{self.log_tail()}")
+        try:
+            wait_healthy(self.process, self.port, "the server", timeout)
+        except RuntimeError as exc:
+            raise BackendError(f"{exc}:\n{self.log_tail()}") from exc
 
     def log_tail(self, chars: int = 4000) -> str:
         with open(self._log.name, errors="replace") as handle:

@@ -23,16 +23,12 @@ import httpx
 import openai
 import pytest
 
+from tests.server.harness import free_port
+
 pytest.importorskip("sglang_router")
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "You are a careful assistant. Here is the shared context for every question: " + "the cat sat. " * 12
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _listening(port: int) -> bool:
@@ -56,7 +52,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(tiny_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    port, base = _free_port(), _free_port() + 100
+    port, base = free_port(), free_port() + 100
     log = tmp_path_factory.mktemp("cluster") / "cluster.log"
     argv = [sys.executable, "-m", "server.cluster", "--model", str(tiny_folder), "--dp-size", "2", "--port", str(port),
             "--worker-base-port", str(base), "--policy", "cache_aware", "--dtype", "float32",

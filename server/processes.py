@@ -1,0 +1,35 @@
+"""Starting server processes on this machine: a free loopback port, and waiting until one answers /health.
+
+Shared by `python -m server.cluster` (replicas and the router) and `frontend_lang.Runtime`.
+Imports nothing of the engine, so client-side code may use it.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_healthy(process: subprocess.Popen, port: int, name: str, timeout: float) -> None:
+    """Return once http://127.0.0.1:port/health answers 200; RuntimeError if the process exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    url = f"http://127.0.0.1:{port}/health"
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with code {process.returncode} while starting")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{name} did not become healthy in {timeout:.0f}s")
