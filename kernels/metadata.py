@@ -28,6 +28,9 @@ class AttentionMetadata:
     seq_lens_t: torch.Tensor  # [B] int32 on the device: prefix + extend
     prefix_lens_t: torch.Tensor  # [B] int32
     qo_starts_t: torch.Tensor  # [B] int32: each request's first row among the batch's new tokens
+    # Flash-decoding splits fixed in advance (a captured CUDA graph cannot size its grid from this
+    # step's lengths); None: the backend chooses from the lengths.
+    decode_splits: int | None = None
     # Derived tensors, built on first use and reused by every layer (keyed by what they depend on).
     cache: dict[object, object] = field(default_factory=dict)
 
@@ -69,11 +72,12 @@ class AttentionMetadata:
     @classmethod
     def from_device_tensors(cls, out_slots: torch.Tensor, slot_table: torch.Tensor, rows: torch.Tensor,
                             prefix_lens: list[int], extend_lens: list[int],
-                            int_columns: torch.Tensor) -> AttentionMetadata:
+                            int_columns: torch.Tensor, decode_splits: int | None = None) -> AttentionMetadata:
         """int_columns: [3, B] int32 on the device, as `host_int_lists` lays them out."""
         num_extend = cls.count_extends(extend_lens)
         seq, prefix, starts = int_columns
-        return cls(out_slots, slot_table, rows, prefix_lens, extend_lens, num_extend, seq, prefix, starts)
+        return cls(out_slots, slot_table, rows, prefix_lens, extend_lens, num_extend, seq, prefix, starts,
+                   decode_splits)
 
     @classmethod
     def build(cls, out_slots: torch.Tensor, slot_table: torch.Tensor, prefix_lens: list[int],

@@ -253,8 +253,10 @@ class TritonAttentionBackend:
         first = meta.num_extend_reqs
         batch, heads, dim = q.shape
         kv_heads = k_cache.shape[1]
-        span = max(min(s, window) if window else s for s in meta.seq_lens[first:])
-        splits = self.num_splits(batch, kv_heads, span)
+        splits = meta.decode_splits
+        if splits is None:
+            span = max(min(s, window) if window else s for s in meta.seq_lens[first:])
+            splits = self.num_splits(batch, kv_heads, span)
         part_out, part_lse, merged = self._scratch(meta, batch, heads, dim, splits, q.dtype)
         group = heads // kv_heads
         table = meta.slot_table

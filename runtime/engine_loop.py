@@ -1,9 +1,14 @@
 """The engine loop: on its own thread, turns scheduler plans into forward steps and results.
 
 One step reads plan -> forward -> sample -> process: the scheduler plans (runtime/scheduler.py),
-ForwardBatch lays the plan out on the device and the runner computes logits, the sampler chooses
-tokens (and prompt logprobs are scored), and the output processor applies them
-(runtime/output_processor.py). Callers talk to the loop only through `post` (a thread-safe inbox
+the runner lays the plan out on the device and computes logits (eagerly, or by replaying a
+CUDA graph for a decode step), the sampler chooses tokens (and prompt logprobs are scored), and
+the output processor applies them (runtime/output_processor.py).
+
+With overlap on (the default on a GPU), "process" for step n runs after step n+1 is launched:
+the scheduler plans step n+1 while step n's ids are still on the device, a decode entry names
+its token as a `future` (an index into step n's sampled ids), and the host reads step n's ids
+while the device runs step n+1. Without overlap (the CPU default) each step is processed at once. Callers talk to the loop only through `post` (a thread-safe inbox
 of commands); results leave through each request's `sink`. A fault inside one step fails the
 requests of that step and the loop goes on; a fault in the loop itself is recorded in `dead` so
 health checks fail instead of hang.
@@ -17,14 +22,15 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from runtime.forward_batch import ForwardBatch
+from runtime.forward_batch import BatchEntry, HostBatch
 from runtime.model_runner import ModelRunner
 from runtime.output_processor import OutputProcessor, StepOutputs
 from runtime.request import Req, ReqState
-from runtime.sampler import Sampler, SampleRow, device_ids, prompt_logprobs
+from runtime.sampler import Sampler, SampleRow, device_ids, has_penalty, prompt_logprobs
 from runtime.scheduler import Scheduler, StepPlan
 from runtime.tokenizer import Tokenizer
 
@@ -32,9 +38,27 @@ logger = logging.getLogger(__name__)
 Command = Callable[[], None]
 
 
+@dataclass
+class LaunchedStep:
+    """A step on the device: its plan, and what it produced (tokens possibly not yet on the host)."""
+
+    plan: StepPlan
+    outputs: StepOutputs
+
+    @property
+    def sampled_ids(self) -> torch.Tensor | None:
+        """The step's chosen ids on the device: the next step reads its decode tokens from here."""
+        return self.outputs.result.ids if self.outputs.result is not None else None
+
+
 class EngineLoop:
-    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, scheduler: Scheduler, context_len: int) -> None:
+    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, scheduler: Scheduler, context_len: int,
+                 overlap: bool = False) -> None:
         self.runner = runner
+        # Overlap: step n+1 is planned and launched before step n's tokens are read on the host;
+        # `_inflight` is the launched step whose tokens the host has not read yet.
+        self.overlap = overlap
+        self._inflight: LaunchedStep | None = None
         self.scheduler = scheduler
         self.kv = scheduler.kv  # the one owner of the allocator, the prefix cache and the slot table
         self.sampler = Sampler()
@@ -79,7 +103,7 @@ class EngineLoop:
                     block = False
                     self._refresh_stats()
                     self._deliver()
-                if self.scheduler.has_work():
+                if self.scheduler.has_work() or self._inflight is not None:
                     self._step()
                 self._refresh_stats()
                 self._deliver()
@@ -104,31 +128,59 @@ class EngineLoop:
         for req in self.scheduler.failed:
             self.output.emit_final(req)
         if not plan:
-            self._unblock()
+            if self._inflight is not None:
+                self._complete_inflight()  # its results may free room or finish requests
+            else:
+                self._unblock()
             return
         try:
-            self._run_plan(plan)
+            launched = self._launch(plan)
         except Exception:  # noqa: BLE001 - one bad request must not take the others down
             logger.error("step failed; retrying its requests one by one:\n%s", traceback.format_exc())
+            self._complete_inflight()
             self._isolate(plan)
+        else:
+            # Overlap: the previous step's results are read while this one runs on the device.
+            self._complete_inflight()
+            if self.overlap:
+                self._inflight = launched
+            else:
+                self._complete(launched)
         self.steps += 1
 
-    def _run_plan(self, plan: StepPlan) -> None:
-        batch = ForwardBatch.build(plan.entries, self.runner.table)
-        logits = self.runner.forward(batch)
-        outputs = self._sample(plan, batch, logits)
-        self.output.process(plan, outputs)
+    def _launch(self, plan: StepPlan) -> LaunchedStep:
+        """Forward and sample one step; its tokens stay on the device (and start their way home)."""
+        previous = self._inflight
+        logits, layout = self.runner.run(plan.entries, previous.sampled_ids if previous else None)
+        if previous is not None and any(_needs_host_state(r) for r in plan.reqs):
+            self._complete_inflight()  # a grammar or penalty must see the previous token first
+        outputs = self._sample(plan, layout, logits)
+        self.output.advance(plan, outputs)
+        return LaunchedStep(plan, outputs)
 
-    def _sample(self, plan: StepPlan, batch: ForwardBatch, logits: torch.Tensor) -> StepOutputs:
+    def _complete(self, launched: LaunchedStep) -> None:
+        try:
+            self.output.process(launched.outputs)
+        except Exception as exc:  # noqa: BLE001 - fail this step's requests, keep serving the rest
+            logger.error("processing a step's outputs failed:\n%s", traceback.format_exc())
+            for req in launched.plan.reqs:
+                self.output.finish(req, "abort", error=f"internal error: {exc!r}")
+
+    def _complete_inflight(self) -> None:
+        launched, self._inflight = self._inflight, None
+        if launched is not None:
+            self._complete(launched)
+
+    def _sample(self, plan: StepPlan, layout: HostBatch, logits: torch.Tensor) -> StepOutputs:
         """Score prompt positions and choose next tokens; nothing is changed yet (so a raise is harmless)."""
         out = StepOutputs()
         rows: list[int] = []
-        for req, entry, start, count in zip(plan.reqs, plan.entries, batch.logit_starts, batch.logit_counts):
+        for req, entry, start, count in zip(plan.reqs, plan.entries, layout.logit_starts, layout.logit_counts):
             if entry.logits_from is not None:
                 first_pos = entry.prefix_len + len(entry.token_ids) - count
                 out.prompt_logprobs.append((req, *self._prompt_logprobs(req, first_pos,
                                                                         logits[start : start + count])))
-            if entry.prefix_len + len(entry.token_ids) == req.seq_len:
+            if entry.prefix_len + len(entry.token_ids) == req.planned_len:
                 out.sampled_reqs.append(req)
                 if req.params.max_new_tokens > 0:
                     out.generating.append(req)
@@ -140,21 +192,24 @@ class EngineLoop:
             matchers = [r.grammar for r in out.generating]
             if any(m is not None for m in matchers):
                 self.grammar_mask(picked, matchers)
-            out.result = self.sampler.sample(picked, [SampleRow(r.params, r.prompt_ids, r.output_ids, r.seed)
-                                                      for r in out.generating])
+            out.result = self.sampler.sample_async(picked, [
+                SampleRow(r.params, r.prompt_ids, r.output_ids, r.seed, drawn=len(r.output_ids) + r.inflight)
+                for r in out.generating])
         return out
 
     def _isolate(self, plan: StepPlan) -> None:
         """Run each request of a failed step alone; fail only the ones that fail again.
 
         Safe to repeat: a failed forward wrote K/V only into the requests' own slots (rewritten
-        identically now) and advanced nothing.
+        identically now) and advanced nothing. Tokens that were in flight have landed by now.
         """
         for req, entry in zip(plan.reqs, plan.entries):
             if req.state is not ReqState.RUNNING:
                 continue
+            if entry.future is not None:
+                entry = BatchEntry(entry.row, entry.prefix_len, [req.all_ids[entry.prefix_len]], entry.logits_from)
             try:
-                self._run_plan(StepPlan.of(req, entry))
+                self._complete(self._launch(StepPlan.of(req, entry)))
             except Exception as exc:  # noqa: BLE001 - this request is the faulty one
                 logger.error("request %s failed: %r", req.rid, exc)
                 self.output.finish(req, "abort", error=f"internal error: {exc!r}")
@@ -226,3 +281,8 @@ class EngineLoop:
     def stats(self) -> dict[str, float]:
         with self._stats_lock:
             return dict(self._stats)
+
+
+def _needs_host_state(req: Req) -> bool:
+    """Whether sampling this request's next token reads its previous token on the host."""
+    return bool(req.inflight) and (req.grammar is not None or has_penalty(req.params))

@@ -2,7 +2,9 @@
 
 Slots are grouped in pages by the allocator (radix.SlotAllocator); the pool itself is flat.
 Zero-filled, so a padded gather never reads NaNs from uninitialised memory. Sized after the
-weights are loaded (`plan_kv_tokens`), from what memory is left.
+weights are loaded (`plan_kv_tokens`), from what memory is left. One slot past the allocator's
+range, `pad_slot`, is never handed out: the padding rows of a CUDA-graph decode batch write their
+K/V there (runtime/graph_runner.py), so they can never touch a request's KV.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ class KVPool:
     def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
         self.num_slots = num_slots
+        self.pad_slot = num_slots
         self.dtype = dtype
-        shape = (num_slots, num_kv_heads, head_dim)
+        shape = (num_slots + 1, num_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 

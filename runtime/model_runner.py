@@ -13,7 +13,8 @@ from torch import nn
 from kernels import get_attention_backend
 from runtime.context import ForwardContext, forward_context
 from runtime.device import DTYPES, resolve_device, resolve_dtype  # noqa: F401 - DTYPES re-exported
-from runtime.forward_batch import ForwardBatch
+from runtime.forward_batch import BatchEntry, ForwardBatch, HostBatch
+from runtime.graph_runner import DecodeGraphRunner
 from runtime.kv_pool import KVPool, kv_bytes_per_token, plan_kv_tokens
 from runtime.layers.output_layer import OutputLayer
 from runtime.models import model_class
@@ -62,6 +63,7 @@ class RunnerConfig:
     page_size: int = 1
     kv_cache_memory_fraction: float | None = None
     max_kv_cache_tokens: int | None = None
+    cuda_graph_max_bs: int | None = None  # capture decode graphs up to this batch size (CUDA only)
 
 
 class ModelRunner:
@@ -85,13 +87,32 @@ class ModelRunner:
         self.backend = get_attention_backend(cfg.attention_backend, self.device.type)
         self.softcap: float | None = getattr(c, "final_logit_softcapping", None)
         self.output_layer = OutputLayer()
+        self.graphs: DecodeGraphRunner | None = None
+        if self.device.type == "cuda" and cfg.cuda_graph_max_bs:
+            self.graphs = self._capture(min(cfg.cuda_graph_max_bs, cfg.max_requests))
         logger.info("loaded %s on %s (%s, %s attention) in %.1fs: weights %.2f GiB, KV pool %.2f GiB = %d tokens",
                     cfg.model_path.name, self.device, str(self.dtype).removeprefix("torch."), self.backend.name,
                     time.perf_counter() - start, weights / GiB, self.pool.nbytes() / GiB, num_slots)
 
+    def _capture(self, max_bs: int) -> DecodeGraphRunner | None:
+        try:
+            return DecodeGraphRunner(self, max_bs)
+        except Exception as exc:  # noqa: BLE001 - serving eagerly beats not serving
+            logger.warning("CUDA graphs are off (decode runs eagerly): %s", exc)
+            return None
+
     @property
     def num_slots(self) -> int:
         return self.pool.num_slots
+
+    def run(self, entries: list[BatchEntry], future_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, HostBatch]:
+        """Logits for a step's entries (kernel order) and the step's layout: a decode step replays
+        its CUDA graph where one was captured, anything else runs eagerly. `future_ids`: the
+        previous step's sampled ids on the device, for entries that name a future token."""
+        if self.graphs is not None and self.graphs.fits(entries):
+            return self.graphs.run(entries, future_ids)
+        packed = HostBatch.pack(entries, self.table)
+        return self.forward(ForwardBatch.upload(packed, self.table, future_ids)), packed
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

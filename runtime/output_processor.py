@@ -12,18 +12,19 @@ from dataclasses import dataclass, field
 
 from runtime.output import Logprobs, Output
 from runtime.request import Req, ReqState
-from runtime.sampler import SampleResult
+from runtime.sampler import PendingSample
 from runtime.scheduler import Scheduler, StepPlan
 
 
 @dataclass
 class StepOutputs:
-    """What one forward step produced, in host memory, before any request is changed."""
+    """What one forward step produced, before any request is changed (its tokens may still be on
+    their way from the device: `result` is read only when the step is completed)."""
 
     prompt_logprobs: list[tuple[Req, list, list]] = field(default_factory=list)  # (req, values, tops)
     sampled_reqs: list[Req] = field(default_factory=list)  # requests that reached their last prompt token
     generating: list[Req] = field(default_factory=list)  # of those, the ones that sample a token
-    result: SampleResult | None = None
+    result: PendingSample | None = None
 
 
 class OutputProcessor:
@@ -35,17 +36,34 @@ class OutputProcessor:
         self.generated_tokens = 0
         self.outbox: list[tuple[Callable[[Output], None], Output]] = []
 
-    def process(self, plan: StepPlan, out: StepOutputs) -> None:
-        for req, values, tops in out.prompt_logprobs:
-            self._apply_prompt_logprobs(req, values, tops)
+    def advance(self, plan: StepPlan, out: StepOutputs) -> None:
+        """Right after a step is launched: its KV counts as computed, its sampled tokens are in flight.
+
+        The scheduler may plan the next step from here on, before the tokens reach the host.
+        """
         for req, entry in zip(plan.reqs, plan.entries):
             req.kv_len += len(entry.token_ids)
             if req.kv_len >= len(req.prompt_ids) and req.logprobs is not None:
                 req.prompt_logprobs_done = True
+        for j, req in enumerate(out.generating):
+            req.inflight += 1
+            req.inflight_index = j
+
+    def process(self, out: StepOutputs) -> None:
+        """Once a step's tokens are on the host: append them, check stops, stream, finish.
+
+        A request finished or aborted since the step was launched is skipped (its token was
+        computed for nothing); one retracted since still gets its token.
+        """
+        for req, values, tops in out.prompt_logprobs:
+            self._apply_prompt_logprobs(req, values, tops)
         finished_prefill = [r for r in out.sampled_reqs if not r.output_ids]
         if out.result is not None:
-            r = out.result
+            r = out.result.result()
             for j, req in enumerate(out.generating):
+                if req.state is ReqState.FINISHED:
+                    continue
+                req.inflight -= 1
                 self._append(req, r.token_ids[j], r.logprobs[j], r.top_logprobs[j])
         for req in out.sampled_reqs:
             if req.params.max_new_tokens == 0:

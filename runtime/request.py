@@ -38,6 +38,10 @@ class Req:
     allocated: int = 0  # slots written in the table row (whole pages)
     locked_len: int = 0  # leading slots owned by the prefix cache and locked for us
     locked_node: object = None
+    # A token sampled on the device whose id the host has not read yet (the overlap scheduler's
+    # step n+1 is planned before step n's ids come back): 0 or 1, and its index in that step.
+    inflight: int = 0
+    inflight_index: int = 0
     cached_tokens: int = -1  # prefix hit at first admission (-1 until admitted)
     # results
     finish_reason: str | None = None
@@ -56,9 +60,14 @@ class Req:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
+    def planned_len(self) -> int:
+        """Tokens known on the host plus the one in flight, if any."""
+        return self.seq_len + self.inflight
+
+    @property
     def pending(self) -> int:
         """Tokens whose KV still has to be computed before the next token can be sampled."""
-        return self.seq_len - self.kv_len
+        return self.planned_len - self.kv_len
 
     @property
     def is_decoding(self) -> bool:

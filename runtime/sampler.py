@@ -12,6 +12,7 @@ batch, on the CPU and on a GPU alike, with no per-request generator.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +43,11 @@ class SampleRow:
     prompt_ids: list[int]
     output_ids: list[int]
     seed: int
+    drawn: int | None = None  # tokens drawn before this one (default: len(output_ids)); counts in-flight ones
+
+    @property
+    def draw(self) -> int:
+        return len(self.output_ids) if self.drawn is None else self.drawn
 
 
 @dataclass
@@ -51,7 +57,7 @@ class SampleResult:
     top_logprobs: list[list[TokenLogprob] | None]
 
 
-def _has_penalty(p: SamplingParams) -> bool:
+def has_penalty(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
 
@@ -125,19 +131,55 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.where(empty, probs.argmax(-1, keepdim=True), picked).squeeze(1)
 
 
+class PendingSample:
+    """A step's chosen tokens: on the device at once (`ids`, what the next step may read), and on
+    their way to the host in one copy (`result()` waits for it)."""
+
+    def __init__(self, ids: torch.Tensor, payload: torch.Tensor, unpack: Callable[[list[float]], SampleResult]) -> None:
+        self.ids = ids
+        self._unpack = unpack
+        self._event = None
+        if payload.device.type == "cuda":
+            self._host = torch.empty(payload.shape, dtype=payload.dtype, device="cpu", pin_memory=True)
+            self._host.copy_(payload, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = payload
+
+    def result(self) -> SampleResult:
+        if self._event is not None:
+            self._event.synchronize()
+        return self._unpack(self._host.tolist())
+
+
 class Sampler:
     def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> SampleResult:
         """logits: float32 [B, V] raw scores, one row per entry of `rows`. Returns the chosen ids."""
+        return self.sample_async(logits, rows).result()
+
+    def sample_async(self, logits: torch.Tensor, rows: list[SampleRow]) -> PendingSample:
+        """As `sample`, without waiting for the host: the copy back is started, not awaited."""
         params = [r.params for r in rows]
         tokens = self._choose(logits, rows)
+        n = len(rows)
         wanted = [i for i, p in enumerate(params) if p.return_logprob]
         if not wanted:
-            return SampleResult(tokens.tolist(), [None] * len(rows), [None] * len(rows))
-        return self._with_logprobs(logits, params, tokens, wanted)
+            return PendingSample(tokens, tokens, lambda host: SampleResult([int(t) for t in host], [None] * n,
+                                                                          [None] * n))
+        idx = device_ids(wanted, logits.device)
+        logp = torch.log_softmax(logits[idx], dim=-1)
+        chosen = logp.gather(1, tokens[idx][:, None]).squeeze(1)
+        k = max(params[i].top_logprobs_num for i in wanted)
+        top_values, top_ids = logp.topk(k, dim=-1)  # k == 0 gives [w, 0]: nothing to copy
+        # One copy back for everything this step produced.
+        payload = torch.cat([tokens.double(), chosen.double(), top_values.double().flatten(),
+                             top_ids.double().flatten()])
+        return PendingSample(tokens, payload, lambda host: _unpack_logprobs(host, params, wanted, k))
 
     def _choose(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         params = [r.params for r in rows]
-        penalised = [i for i, p in enumerate(params) if _has_penalty(p)]
+        penalised = [i for i, p in enumerate(params) if has_penalty(p)]
         if penalised:
             logits = logits.clone()
             idx = device_ids(penalised, logits.device)
@@ -151,33 +193,25 @@ class Sampler:
             temps = _column([p.temperature for p in sub], device)
             probs = torch.softmax(logits[idx] / temps, dim=-1)
             probs = filter_probs(probs, [p.top_k for p in sub], [p.top_p for p in sub], [p.min_p for p in sub])
-            u = uniforms([rows[i].seed for i in random], [len(rows[i].output_ids) for i in random])
+            u = uniforms([rows[i].seed for i in random], [rows[i].draw for i in random])
             draws = torch.from_numpy(u.astype(np.float32)).to(device)
             tokens = tokens.index_copy(0, idx, inverse_cdf(probs, draws))
         return tokens
 
-    def _with_logprobs(self, logits: torch.Tensor, params: list[SamplingParams], tokens: torch.Tensor,
-                       wanted: list[int]) -> SampleResult:
-        idx = device_ids(wanted, logits.device)
-        logp = torch.log_softmax(logits[idx], dim=-1)
-        chosen = logp.gather(1, tokens[idx][:, None]).squeeze(1)
-        k = max(params[i].top_logprobs_num for i in wanted)
-        top_values, top_ids = logp.topk(k, dim=-1)  # k == 0 gives [w, 0]: nothing to copy
-        # One copy back for everything this step produced.
-        host = torch.cat([tokens.double(), chosen.double(), top_values.double().flatten(),
-                          top_ids.double().flatten()]).tolist()
-        n, w = len(params), len(wanted)
-        token_ids = [int(t) for t in host[:n]]
-        chosen_h = host[n : n + w]
-        tv, ti = host[n + w : n + w + w * k], host[n + w + w * k :]
-        logprobs: list[float | None] = [None] * n
-        tops: list[list[TokenLogprob] | None] = [None] * n
-        for j, i in enumerate(wanted):
-            logprobs[i] = chosen_h[j]
-            kk = params[i].top_logprobs_num
-            if kk:
-                tops[i] = [(tv[j * k + c], int(ti[j * k + c])) for c in range(kk)]
-        return SampleResult(token_ids, logprobs, tops)
+
+def _unpack_logprobs(host: list[float], params: list[SamplingParams], wanted: list[int], k: int) -> SampleResult:
+    n, w = len(params), len(wanted)
+    token_ids = [int(t) for t in host[:n]]
+    chosen_h = host[n : n + w]
+    tv, ti = host[n + w : n + w + w * k], host[n + w + w * k :]
+    logprobs: list[float | None] = [None] * n
+    tops: list[list[TokenLogprob] | None] = [None] * n
+    for j, i in enumerate(wanted):
+        logprobs[i] = chosen_h[j]
+        kk = params[i].top_logprobs_num
+        if kk:
+            tops[i] = [(tv[j * k + c], int(ti[j * k + c])) for c in range(kk)]
+    return SampleResult(token_ids, logprobs, tops)
 
 
 def prompt_logprobs(logits: torch.Tensor, next_ids: list[int], top_k: int) -> tuple[list[float], list[list[TokenLogprob]]]:

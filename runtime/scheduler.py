@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from runtime.engine_args import EngineArgs
-from runtime.forward_batch import BatchEntry
+from runtime.forward_batch import FUTURE, BatchEntry
 from runtime.kv_manager import KVManager
 from runtime.output import Logprobs
 from runtime.request import Req, ReqState
@@ -37,8 +37,13 @@ class StepPlan:
     _decodes: list[tuple[Req, BatchEntry]] = field(default_factory=list)
 
     def add(self, req: Req, num_tokens: int, logits_from: int | None = None) -> None:
+        assert req.row is not None
+        if req.inflight:  # a decode of the token the previous step sampled: its id is still on the device
+            assert num_tokens == 1 and req.kv_len == req.seq_len
+            self._put(req, BatchEntry(req.row, req.kv_len, [FUTURE], logits_from, future=req.inflight_index))
+            return
         tokens = req.all_ids[req.kv_len : req.kv_len + num_tokens]
-        assert req.row is not None and len(tokens) == num_tokens
+        assert len(tokens) == num_tokens
         self._put(req, BatchEntry(req.row, req.kv_len, tokens, logits_from))
 
     def _put(self, req: Req, entry: BatchEntry) -> None:
@@ -143,8 +148,8 @@ class Scheduler:
         for req in list(self.running):
             if budget <= 0:
                 break
-            if req.state is not ReqState.RUNNING or req.is_decoding or req in plan:
-                continue
+            if req.state is not ReqState.RUNNING or req.is_decoding or req in plan or req.pending <= 0:
+                continue  # (pending 0: a prompt-only request whose step is still in flight)
             chunk = min(req.pending, self.args.chunked_prefill_size, budget)
             if not self.kv.grow(req, req.kv_len + chunk):
                 continue  # try again next step, once decodes have freed or cached something
@@ -164,6 +169,8 @@ class Scheduler:
             if cand.deprioritized and admitted:
                 continue
             req = cand.req
+            if req.inflight:  # retracted while its last token was in flight: admit once it has landed
+                continue
             # Match again: admitting earlier candidates may have evicted what we matched before.
             match = self.kv.cache.match_prefix(req.all_ids[: req.max_prefix_match()], req.extra_key)
             self.kv.cache.lock(match.node)

@@ -7,6 +7,9 @@ Two copies with one owner: the host table is what the scheduler and the cache bo
 and write (reads never wait on a GPU), and `device_table` is what the kernels read. On the CPU
 they are the same tensor. On a GPU, writes are logged and `sync()` applies all of a step's
 writes with one upload and one scatter, before the step's forward.
+
+One row past `max_requests`, `pad_row`, belongs to no request: the padding rows of a CUDA-graph
+decode batch read it (runtime/graph_runner.py points its first column at the pool's pad slot).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ class ReqSlotTable:
     def __init__(self, max_requests: int, max_context: int, device: torch.device | str = "cpu") -> None:
         self.max_context = max_context
         self.device = torch.device(device)
-        self.table = torch.zeros((max_requests, max_context), dtype=torch.int64, device="cpu")
+        self.pad_row = max_requests
+        self.table = torch.zeros((max_requests + 1, max_context), dtype=torch.int64, device="cpu")
         self.device_table = self.table if self.device.type == "cpu" else self.table.to(self.device)
         self._pending: list[tuple[int, int, torch.Tensor]] = []  # (row, start, slots) not yet on the device
         self._free_rows = list(range(max_requests - 1, -1, -1))

@@ -36,14 +36,15 @@ PARAMS = [
 
 def _run(folder: Path, meta_default: bool, **engine_args: object) -> list:
     with Engine(model=str(folder), dtype="float32", **{"kv_cache_tokens": 128, **engine_args}) as engine:
-        if meta_default:
-            run_plan = engine.loop._run_plan
+        if meta_default:  # the step's two halves: launch (forward, sample) and complete (process)
+            for name in ("_launch", "_complete"):
+                original = getattr(engine.loop, name)
 
-            def on_meta(plan):  # noqa: ANN001, ANN202
-                with torch.device("meta"):
-                    return run_plan(plan)
+                def on_meta(arg, original=original):  # noqa: ANN001, ANN202
+                    with torch.device("meta"):
+                        return original(arg)
 
-            engine.loop._run_plan = on_meta
+                setattr(engine.loop, name, on_meta)
         outs = engine.generate(input_ids=shared_prefix_prompts() + [[5, 6, 7]], sampling_params=PARAMS)
         assert_slots_balanced(engine)
     return outs
