@@ -57,7 +57,8 @@ class Engine:
         self.runner = ModelRunner(RunnerConfig(
             self.model_path, a.dtype, a.kv_cache_tokens, a.max_running_requests,
             a.context_length or min(model_max, MAX_DEFAULT_CONTEXT), a.attention_backend, a.device, a.load_format,
-            page, a.kv_cache_memory_fraction, a.max_kv_cache_tokens), config)
+            page, a.kv_cache_memory_fraction, a.max_kv_cache_tokens,
+            None if a.disable_cuda_graph else a.cuda_graph_max_bs), config)
         self.device = self.runner.device
         self.context_len = self.runner.context_len
         self.allocator = SlotAllocator(self.runner.num_slots, page)
@@ -65,7 +66,8 @@ class Engine:
         kv = KVManager(self.allocator, self.cache, self.runner.table, a.enable_prefix_cache)
         policy = SchedulePolicy(a.schedule_policy, self.cache, a.lpm_fallback_queue_len, page)
         self.scheduler = Scheduler(a, kv, policy)
-        self.loop = EngineLoop(self.runner, self.tokenizer, self.scheduler, self.context_len)
+        self.loop = EngineLoop(self.runner, self.tokenizer, self.scheduler, self.context_len,
+                               overlap=a.overlap_on(self.device.type))
         # New requests not yet admitted, counted at once (the loop's stats lag a step behind).
         self._queued = 0
         self._queue_lock = threading.Lock()

@@ -31,6 +31,12 @@ class EngineArgs:
     lpm_fallback_queue_len: int = field(default=128, metadata={"help": "past this many waiting requests, lpm falls back to fcfs"})
     enable_prefix_cache: bool = field(default=True, metadata={"help": "share KV of common prefixes (the radix cache)"})
     attention_backend: str = field(default="auto", metadata={"help": "auto, torch or triton"})
+    cuda_graph_max_bs: int = field(default=256, metadata={
+        "help": "capture decode CUDA graphs for batch sizes up to this (CUDA only; capped at --max-running-requests)"})
+    disable_cuda_graph: bool = field(default=False, metadata={"help": "run decode steps eagerly on CUDA"})
+    overlap_schedule: str = field(default="auto", metadata={
+        "help": "auto (on for cuda, off for cpu), on or off: plan step n+1 while the device runs step n"})
+    disable_overlap_schedule: bool = field(default=False, metadata={"help": "same as --overlap-schedule off"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
     seed: int = field(default=0, metadata={"help": "seed for requests that do not set their own"})
 
@@ -40,7 +46,7 @@ class EngineArgs:
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
 
-        for name in ("page_size", "max_running_requests", "chunked_prefill_size", "max_prefill_tokens",
+        for name in ("cuda_graph_max_bs", "page_size", "max_running_requests", "chunked_prefill_size", "max_prefill_tokens",
                      "kv_cache_tokens", "context_length", "max_queued_requests", "num_threads", "max_kv_cache_tokens"):
             positive(name)
         if self.schedule_policy not in SCHEDULE_POLICIES:
@@ -49,10 +55,18 @@ class EngineArgs:
             raise ValueError(f"kv_cache_memory_fraction must be in (0, 1), got {self.kv_cache_memory_fraction}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
+        if self.overlap_schedule not in ("auto", "on", "off"):
+            raise ValueError(f"overlap_schedule must be auto, on or off, got {self.overlap_schedule!r}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+
+    def overlap_on(self, device_type: str) -> bool:
+        if self.disable_overlap_schedule or self.overlap_schedule == "off":
+            return False
+        # On the CPU the forward blocks the host, so there is nothing to hide behind: off by default.
+        return self.overlap_schedule == "on" or device_type == "cuda"
 
     @classmethod
     def field_names(cls) -> list[str]:

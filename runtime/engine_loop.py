@@ -176,6 +176,8 @@ class EngineLoop:
         out = StepOutputs()
         rows: list[int] = []
         for req, entry, start, count in zip(plan.reqs, plan.entries, layout.logit_starts, layout.logit_counts):
+            if req.state is ReqState.FINISHED:
+                continue  # finished by the previous step's tokens, read while this step was launched
             if entry.logits_from is not None:
                 first_pos = entry.prefix_len + len(entry.token_ids) - count
                 out.prompt_logprobs.append((req, *self._prompt_logprobs(req, first_pos,

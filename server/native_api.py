@@ -166,7 +166,9 @@ async def get_server_info(request: Request) -> Response:
     resolved = {"model_path": str(engine.model_path), "served_model_name": state.served_model_name,
                 "device": str(engine.device), "dtype": str(engine.runner.dtype).removeprefix("torch."),
                 "kv_cache_tokens": engine.runner.num_slots, "context_length": engine.context_len,
-                "attention_backend": engine.runner.backend.name}
+                "attention_backend": engine.runner.backend.name,
+                "cuda_graph_batch_sizes": engine.runner.graphs.sizes if engine.runner.graphs else [],
+                "overlap_schedule_on": engine.loop.overlap}
     return json_response({**state.engine_args, **settings, **resolved, "stats": engine.stats(), "version": "0.1.0"})
 
 
