@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a CUDA machine: the GPU tests, the attention benchmark, and the server on a dummy-weight
+# One call on a CUDA machine: the GPU tests, the attention and engine benchmarks, and the server on a dummy-weight
 # Gemma 3 270M config, each logged under $OUT. Run from the repository root with the machine's own
 # python3 (the venv is a CPU build); missing packages travel as wheels in .whl/ (`make gpu-wheels`).
 #     OUT=/tmp/gpu bash benchmarks/gpu_check.sh
@@ -16,6 +16,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 
 python3 -m pytest -m gpu -q -p no:cacheprovider -x --timeout 300 2>&1 | tee "$OUT/test-gpu.log" | tail -5
 python3 -m benchmarks.gpu_attention --json "$OUT/gpu_attention.json" 2>&1 | tee "$OUT/gpu_attention.log" | tail -20
+python3 -m benchmarks.gpu_engine --eager --json "$OUT/gpu_engine.json" 2>&1 | tee "$OUT/gpu_engine.log" | tail -20
 
 port=30111
 python3 -m server --model benchmarks/configs/gemma3-270m --load-format dummy --device cuda --port $port \

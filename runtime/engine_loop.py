@@ -22,6 +22,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,7 @@ from runtime.output_processor import OutputProcessor, StepOutputs
 from runtime.request import Req, ReqState
 from runtime.sampler import Sampler, SampleRow, device_ids, has_penalty, prompt_logprobs
 from runtime.scheduler import Scheduler, StepPlan
+from runtime.step_timing import StepTimings
 from runtime.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ class EngineLoop:
         # `_inflight` is the launched step whose tokens the host has not read yet.
         self.overlap = overlap
         self._inflight: LaunchedStep | None = None
+        self.timings: StepTimings | None = None  # set by benchmarks (runtime/step_timing.py)
         self.scheduler = scheduler
         self.kv = scheduler.kv  # the one owner of the allocator, the prefix cache and the slot table
         self.sampler = Sampler()
@@ -124,7 +127,8 @@ class EngineLoop:
     # -- one step -----------------------------------------------------------------------------------
 
     def _step(self) -> None:
-        plan = self.scheduler.schedule()
+        with self._timed("schedule"):
+            plan = self.scheduler.schedule()
         for req in self.scheduler.failed:
             self.output.emit_final(req)
         if not plan:
@@ -151,20 +155,25 @@ class EngineLoop:
     def _launch(self, plan: StepPlan) -> LaunchedStep:
         """Forward and sample one step; its tokens stay on the device (and start their way home)."""
         previous = self._inflight
-        logits, layout = self.runner.run(plan.entries, previous.sampled_ids if previous else None)
-        if previous is not None and any(_needs_host_state(r) for r in plan.reqs):
-            self._complete_inflight()  # a grammar or penalty must see the previous token first
-        outputs = self._sample(plan, layout, logits)
+        with self._timed("launch"), self.timings.device_work() if self.timings else nullcontext():
+            logits, layout = self.runner.run(plan.entries, previous.sampled_ids if previous else None)
+            if previous is not None and any(_needs_host_state(r) for r in plan.reqs):
+                self._complete_inflight()  # a grammar or penalty must see the previous token first
+            outputs = self._sample(plan, layout, logits)
         self.output.advance(plan, outputs)
         return LaunchedStep(plan, outputs)
 
     def _complete(self, launched: LaunchedStep) -> None:
         try:
-            self.output.process(launched.outputs)
+            with self._timed("process"):
+                self.output.process(launched.outputs)
         except Exception as exc:  # noqa: BLE001 - fail this step's requests, keep serving the rest
             logger.error("processing a step's outputs failed:\n%s", traceback.format_exc())
             for req in launched.plan.reqs:
                 self.output.finish(req, "abort", error=f"internal error: {exc!r}")
+
+    def _timed(self, phase: str) -> AbstractContextManager[None]:
+        return self.timings.host(phase) if self.timings is not None else nullcontext()
 
     def _complete_inflight(self) -> None:
         launched, self._inflight = self._inflight, None

@@ -7,6 +7,8 @@
 - A forward step makes no host sync (CUDA's sync debug mode turns one into an error).
 - Seeded sampling is reproducible on the GPU, alone or batched.
 - A server on the GPU answers the openai client.
+- CUDA graphs and the overlap scheduler: greedy tokens identical with each on or off (fp32), the
+  graphs really replay (padded sizes included), and every slot comes back.
 """
 
 from __future__ import annotations
@@ -138,3 +140,44 @@ def test_server_on_cuda_answers_the_openai_client(tmp_path: Path) -> None:
             chunks = list(client.completions.create(model="tiny", prompt="hello world", max_tokens=8,
                                                     temperature=0, stream=True))
             assert "".join(c.choices[0].text for c in chunks) == out.choices[0].text
+
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
+@pytest.mark.parametrize("overlap", ["on", "off"])
+def test_graphs_and_overlap_give_the_same_greedy_tokens(family: tuple, graphs: bool, overlap: str) -> None:
+    _, folder, prompts, want = family
+    got, _ = _generate(folder, prompts, "triton", disable_cuda_graph=not graphs, overlap_schedule=overlap)
+    assert got == want
+
+
+def test_decode_graphs_replay_with_padding(tmp_path: Path) -> None:
+    folder = save_tiny_model("gemma3", tmp_path)
+    prompts = shared_prefix_prompts()[:5]  # decodes as 5, then fewer: padded to 8 and smaller sizes
+    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    with Engine(model=str(folder), dtype="float32", device="cuda", kv_cache_tokens=1024, disable_cuda_graph=True,
+                overlap_schedule="off") as engine:
+        want = [o.token_ids for o in engine.generate(input_ids=prompts, sampling_params=params)]
+    with Engine(model=str(folder), dtype="float32", device="cuda", kv_cache_tokens=1024, max_running_requests=16,
+                cuda_graph_max_bs=16) as engine:
+        graphs = engine.runner.graphs
+        assert graphs is not None and graphs.sizes == [1, 2, 4, 8, 16] and engine.loop.overlap
+        assert all(graphs.steps[s].graph is not None for s in graphs.sizes)
+        sizes: list[int] = []
+        run = graphs.run
+
+        def recording(entries, future_ids):  # noqa: ANN001, ANN202
+            sizes.append(len(entries))
+            return run(entries, future_ids)
+
+        graphs.run = recording
+        got = [o.token_ids for o in engine.generate(input_ids=prompts, sampling_params=params)]
+        assert_slots_balanced(engine)
+    assert got == want
+    assert 5 in sizes  # a batch of 5 replayed the graph of 8
+
+
+def test_torch_backend_on_cuda_runs_eagerly(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder = save_tiny_model("llama", tmp_path)
+    with Engine(model=str(folder), device="cuda", kv_cache_tokens=256, attention_backend="torch") as engine:
+        assert engine.runner.graphs is None
+    assert "CUDA graphs are off" in caplog.text
