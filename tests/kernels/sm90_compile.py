@@ -87,7 +87,8 @@ def record(backend: ta.TritonAttentionBackend, case: dict) -> list[Launch]:
 
 
 def make_batch(head_dim: int, kv_heads: int, group: int, dtype: torch.dtype, page: int = 16,
-               window: int | None = None, extends=((0, 40), (32, 7)), decodes=(300, 5)):  # noqa: ANN001, ANN201
+               window: int | None = None, extends=((0, 40), (32, 7)), decodes=(300, 5),  # noqa: ANN001, ANN201
+               decode_splits: int | None = None):
     seqs = [p + n for p, n in extends] + list(decodes)
     slots_needed = sum(-(-s // page) * page for s in seqs)
     table = torch.zeros((len(seqs), max(seqs)), dtype=torch.int64)
@@ -99,6 +100,7 @@ def make_batch(head_dim: int, kv_heads: int, group: int, dtype: torch.dtype, pag
     ext = [n for _, n in extends] + [1] * len(decodes)
     out_slots = torch.cat([table[i, p : p + n] for i, (p, n) in enumerate(zip(prefix, ext))])
     meta = AttentionMetadata.build(out_slots, table, prefix, ext)
+    meta.decode_splits = decode_splits  # as a captured CUDA graph fixes them (runtime/graph_runner.py)
     heads = kv_heads * group
     t = len(out_slots)
     q = torch.randn(t, heads, head_dim).to(dtype)
@@ -115,6 +117,9 @@ CASES = [
     dict(head_dim=64, kv_heads=2, group=4, dtype=torch.float32),
     # Qwen-style: head_dim 128, GQA 7 (not a power of two), page 1.
     dict(head_dim=128, kv_heads=2, group=7, dtype=torch.bfloat16, page=1),
+    # A CUDA-graph decode step: decodes only, padding rows of length 1, splits fixed for the size.
+    dict(head_dim=256, kv_heads=1, group=4, dtype=torch.bfloat16, window=512, extends=(), decodes=(300, 5, 1, 1),
+         decode_splits=64),
 ]
 
 
