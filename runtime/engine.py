@@ -22,6 +22,7 @@ from runtime.default_model import resolve_model_path
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.engine_args import EngineArgs
 from runtime.engine_loop import EngineLoop
+from runtime.host_threads import serial_on_this_thread
 from runtime.kv_manager import KVManager
 from runtime.model_runner import ModelRunner, RunnerConfig, load_config
 from runtime.output import Output
@@ -51,9 +52,25 @@ class Engine:
         config = load_config(self.model_path)
         self.model_config = config
         self.tokenizer = Tokenizer(self.model_path, getattr(config, "model_type", ""))
-        page = self.args.page_size
-        model_max = int(getattr(config, "max_position_embeddings", MAX_DEFAULT_CONTEXT))
+        with serial_on_this_thread():  # the engine thread's OpenMP pool stays the only one
+            self._build(config)
+        self.loop = EngineLoop(self.runner, self.tokenizer, self.scheduler, self.context_len,
+                               overlap=self.args.overlap_on(self.device.type))
+        # New requests not yet admitted, counted at once (the loop's stats lag a step behind).
+        self._queued = 0
+        self._queue_lock = threading.Lock()
+        self._grammars = None  # runtime.grammar.Grammars, built on the first constrained request
+        self._grammars_lock = threading.Lock()
+        self.scheduler.on_dequeue = self._dequeued
+        self._seeds = itertools.count(self.args.seed * 1_000_003)
+        self._arrivals = itertools.count()
+        self._closed = False
+
+    def _build(self, config: object) -> None:
+        """The model runner (weights, KV pool, CUDA graphs), the prefix cache and the scheduler."""
         a = self.args
+        page = a.page_size
+        model_max = int(getattr(config, "max_position_embeddings", MAX_DEFAULT_CONTEXT))
         self.runner = ModelRunner(RunnerConfig(
             self.model_path, a.dtype, a.kv_cache_tokens, a.max_running_requests,
             a.context_length or min(model_max, MAX_DEFAULT_CONTEXT), a.attention_backend, a.device, a.load_format,
@@ -66,17 +83,6 @@ class Engine:
         kv = KVManager(self.allocator, self.cache, self.runner.table, a.enable_prefix_cache)
         policy = SchedulePolicy(a.schedule_policy, self.cache, a.lpm_fallback_queue_len, page)
         self.scheduler = Scheduler(a, kv, policy)
-        self.loop = EngineLoop(self.runner, self.tokenizer, self.scheduler, self.context_len,
-                               overlap=a.overlap_on(self.device.type))
-        # New requests not yet admitted, counted at once (the loop's stats lag a step behind).
-        self._queued = 0
-        self._queue_lock = threading.Lock()
-        self._grammars = None  # runtime.grammar.Grammars, built on the first constrained request
-        self._grammars_lock = threading.Lock()
-        self.scheduler.on_dequeue = self._dequeued
-        self._seeds = itertools.count(self.args.seed * 1_000_003)
-        self._arrivals = itertools.count()
-        self._closed = False
 
     # -- submitting ---------------------------------------------------------------------------------
 
