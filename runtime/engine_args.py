@@ -12,7 +12,9 @@ LOAD_FORMATS = ("auto", "dummy")
 class EngineArgs:
     model: str = field(default="default", metadata={"help": "'default' (Gemma 3 270M) or a local Hugging Face folder"})
     device: str = field(default="auto", metadata={"help": "auto (cuda when available, else cpu), cpu or cuda[:N]"})
-    dtype: str = field(default="auto", metadata={"help": "auto (bfloat16), float32 or bfloat16"})
+    dtype: str = field(default="auto", metadata={
+        "help": "auto (cuda: bfloat16; cpu: measured at startup, bfloat16 where the CPU has bf16 units, else "
+                "float32 with bf16 weight copies for few-row products), float32 or bfloat16"})
     load_format: str = field(default="auto", metadata={"help": "auto (safetensors) or dummy (random weights from "
                                                                "config.json alone, for benchmarks)"})
     page_size: int = field(default=1, metadata={"help": "KV slots per page; the prefix cache shares whole pages"})

@@ -12,10 +12,12 @@ from torch import nn
 
 from kernels import get_attention_backend
 from runtime.context import ForwardContext, forward_context
-from runtime.device import DTYPES, resolve_device, resolve_dtype  # noqa: F401 - DTYPES re-exported
+from runtime.cpu_precision import resolve_precision
+from runtime.device import DTYPES, resolve_device, resolve_dtype  # noqa: F401 - re-exported
 from runtime.forward_batch import BatchEntry, ForwardBatch, HostBatch
 from runtime.graph_runner import DecodeGraphRunner
 from runtime.kv_pool import KVPool, kv_bytes_per_token, plan_kv_tokens
+from runtime.layers.dual_linear import use_dual_linears
 from runtime.layers.output_layer import OutputLayer
 from runtime.models import model_class
 from runtime.models.llama import head_dim_of
@@ -71,8 +73,13 @@ class ModelRunner:
         start = time.perf_counter()
         self.config = config if config is not None else load_config(cfg.model_path)
         self.device = resolve_device(cfg.device)
-        self.dtype = resolve_dtype(cfg.dtype)
+        self.precision = resolve_precision(cfg.dtype, self.device, int(getattr(self.config, "hidden_size", 640)))
+        self.dtype = self.precision.dtype
         self.model = load_model(cfg.model_path, self.config, self.dtype, self.device, cfg.load_format)
+        output_lowp = None
+        if self.precision.lowp_rows:  # fp32 with bf16 weight copies for few-row products
+            use_dual_linears(self.model, self.precision.lowp_rows)
+            output_lowp = self.model.output_weight.detach().to(torch.bfloat16)
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.vocab_size: int = self.config.vocab_size
         c = self.config
@@ -86,7 +93,7 @@ class ModelRunner:
         self.table = ReqSlotTable(cfg.max_requests, self.context_len, self.device)
         self.backend = get_attention_backend(cfg.attention_backend, self.device.type)
         self.softcap: float | None = getattr(c, "final_logit_softcapping", None)
-        self.output_layer = OutputLayer()
+        self.output_layer = OutputLayer(output_lowp)
         self.graphs: DecodeGraphRunner | None = None
         if self.device.type == "cuda" and cfg.cuda_graph_max_bs:
             self.graphs = self._capture(min(cfg.cuda_graph_max_bs, cfg.max_requests))

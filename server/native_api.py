@@ -168,7 +168,7 @@ async def get_server_info(request: Request) -> Response:
                 "kv_cache_tokens": engine.runner.num_slots, "context_length": engine.context_len,
                 "attention_backend": engine.runner.backend.name,
                 "cuda_graph_batch_sizes": engine.runner.graphs.sizes if engine.runner.graphs else [],
-                "overlap_schedule_on": engine.loop.overlap}
+                "overlap_schedule_on": engine.loop.overlap, "dtype_choice": engine.runner.precision.reason}
     return json_response({**state.engine_args, **settings, **resolved, "stats": engine.stats(), "version": "0.1.0"})
 
 

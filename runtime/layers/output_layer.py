@@ -33,24 +33,29 @@ WAYS = {"linear": _linear, "weight@hidden.T": _transposed}
 
 
 class OutputLayer:
-    def __init__(self) -> None:
+    def __init__(self, lowp_weight: torch.Tensor | None = None) -> None:
+        """lowp_weight: a bf16 copy of fp32 output weights (runtime/cpu_precision.py), a third way."""
         self.choice: dict[int, str] = {}  # batch-size bucket -> the faster way
+        self.lowp_weight = lowp_weight
+        self.ways = dict(WAYS)
+        if lowp_weight is not None:
+            self.ways["bf16 linear"] = lambda hidden, _weight: _linear(hidden.to(torch.bfloat16), lowp_weight)
 
     def __call__(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         rows = hidden.shape[0]
-        if hidden.device.type != "cpu" or rows == 1:
+        if hidden.device.type != "cpu" or (rows == 1 and self.lowp_weight is None):
             return _linear(hidden, weight)
         bucket = 1 << (rows - 1).bit_length()
         way = self.choice.get(bucket)
         if way is None:
             way, logits = self._measure(bucket, hidden, weight)
             return logits
-        return WAYS[way](hidden, weight)
+        return self.ways[way](hidden, weight)
 
     def _measure(self, bucket: int, hidden: torch.Tensor, weight: torch.Tensor) -> tuple[str, torch.Tensor]:
-        times, logits = dict.fromkeys(WAYS, float("inf")), None
+        times, logits = dict.fromkeys(self.ways, float("inf")), None
         for _ in range(3):  # alternating, best of three: first runs of a shape pay for allocations
-            for name, way in WAYS.items():
+            for name, way in self.ways.items():
                 start = time.perf_counter()
                 logits = way(hidden, weight)
                 times[name] = min(times[name], time.perf_counter() - start)

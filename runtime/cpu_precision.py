@@ -1,0 +1,94 @@
+"""`--dtype auto` on the CPU: chosen at startup from what the cores can do, by a short measurement.
+
+No single dtype wins everywhere (../shared/PEERS.md): on CPUs with bf16 units (AVX-512 bf16,
+AMX) bf16 matmul is 2-7x faster than fp32 and bf16 wins every figure; on AVX2-only CPUs torch's
+bf16 matmul runs at a sixth of fp32's rate, so fp32 wins prompt processing and batched decoding,
+while one stream, which only reads weights, still runs nearly twice as fast from bf16 weights
+(half the bytes). So `auto` measures a matrix-matrix product (128 rows) and a matrix-vector one
+(1-16 rows) in both dtypes, on the model's own widths, and picks:
+- bf16, where bf16 matrix-matrix work is at least BF16_GEMM_SHARE of fp32's rate;
+- otherwise fp32 activations and weights, plus bf16 copies of the weights used for products with
+  at most `lowp_rows` rows, where those measured faster in bf16 (runtime/layers/dual_linear.py).
+The choice and its figures are logged (and in /get_server_info's `dtype_choice`). The engine is
+built on one intra-op thread (runtime/host_threads.py), so the rates are one core's: what is
+compared is the ratio between dtypes, a property of the cores. On CUDA `auto` is bf16.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+BF16_GEMM_SHARE = 0.7
+GEMV_ROWS = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class Precision:
+    dtype: torch.dtype  # activations, KV cache, and the weights of matrix-matrix work
+    lowp_rows: int = 0  # products with at most this many rows use bf16 weight copies (0: none)
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class MatmulRates:
+    """GFLOP/s of F.linear on this CPU: rows -> rate, per dtype."""
+
+    bf16: dict[int, float]
+    fp32: dict[int, float]
+
+
+def _rate(rows: int, width: int, out: int, dtype: torch.dtype, budget_s: float) -> float:
+    gen = torch.Generator(device="cpu").manual_seed(rows)
+    x = torch.randn(rows, width, generator=gen, device="cpu").to(dtype)
+    w = torch.randn(out, width, generator=gen, device="cpu").to(dtype)
+    F.linear(x, w)  # first call: allocation and kernel selection
+    best, spent, calls = float("inf"), 0.0, 0
+    while spent < budget_s or calls < 3:
+        start = time.perf_counter()
+        F.linear(x, w)
+        elapsed = time.perf_counter() - start
+        best, spent, calls = min(best, elapsed), spent + elapsed, calls + 1
+    return 2 * rows * width * out / best / 1e9
+
+
+def measure_rates(width: int = 640, out: int = 4096, budget_s: float = 0.02) -> MatmulRates:
+    """About half a second: one matrix-matrix shape and the small-row shapes, both dtypes."""
+    rows = (*GEMV_ROWS, 128)
+    return MatmulRates({r: _rate(r, width, out, torch.bfloat16, budget_s) for r in rows},
+                       {r: _rate(r, width, out, torch.float32, budget_s) for r in rows})
+
+
+def choose(rates: MatmulRates) -> Precision:
+    gemm16, gemm32 = rates.bf16[128], rates.fp32[128]
+    if gemm16 >= BF16_GEMM_SHARE * gemm32:
+        return Precision(torch.bfloat16, 0, f"bf16 matmul {gemm16:.0f} GFLOP/s vs fp32 {gemm32:.0f}: bf16 throughout")
+    faster = [r for r in GEMV_ROWS if rates.bf16[r] > rates.fp32[r]]
+    lowp = 0
+    for r in GEMV_ROWS:  # the longest run of small row counts where bf16 weights win
+        if r not in faster:
+            break
+        lowp = r
+    detail = f"bf16 matmul {gemm16:.0f} GFLOP/s vs fp32 {gemm32:.0f}"
+    if not lowp:
+        return Precision(torch.float32, 0, f"{detail}, bf16 not faster for few rows either: fp32 throughout")
+    return Precision(torch.float32, lowp, f"{detail}: fp32, with bf16 weight copies for products of <= {lowp} "
+                                          f"rows (1 row: bf16 {rates.bf16[1]:.0f} vs fp32 {rates.fp32[1]:.0f} GFLOP/s)")
+
+
+def resolve_precision(name: str, device: torch.device, width: int = 640) -> Precision:
+    """The precision for `--dtype name` on `device`; `auto` on the CPU measures (see above)."""
+    from runtime.device import resolve_dtype
+
+    if name != "auto":
+        return Precision(resolve_dtype(name), 0, f"--dtype {name}")
+    if device.type != "cpu":
+        return Precision(torch.bfloat16, 0, "bf16 on a GPU")
+    precision = choose(measure_rates(width))
+    logger.info("dtype auto on this CPU: %s", precision.reason)
+    return precision
