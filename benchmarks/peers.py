@@ -83,7 +83,7 @@ def systems(port: int) -> dict[str, tuple[str | None, list[str], list[str]]]:
     host = ["--host", "127.0.0.1", "--port", str(port)]
     ours = ["-m", "server", "--model", "default", "--served-model-name", "default", *host]
     vllm = ["-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--served-model-name", "default",
-            "--max-model-len", "4096", *host]
+            "--max-model-len", "4096", "--gpu-memory-utilization", "0.4", *host]  # on CPU: the share of RAM
     return {
         "radixserve": (None, [], [*ours, "--dtype", "auto"]),
         "radixserve-fp32": (None, [], [*ours, "--dtype", "float32"]),

@@ -18,6 +18,7 @@ from runtime.forward_batch import BatchEntry, ForwardBatch, HostBatch
 from runtime.graph_runner import DecodeGraphRunner
 from runtime.kv_pool import KVPool, kv_bytes_per_token, plan_kv_tokens
 from runtime.layers.dual_linear import use_dual_linears
+from runtime.layers.packed_linear import Kernel, linear_kernel, pack_linears, packing_supported
 from runtime.layers.output_layer import OutputLayer
 from runtime.models import model_class
 from runtime.models.llama import head_dim_of
@@ -76,10 +77,7 @@ class ModelRunner:
         self.precision = resolve_precision(cfg.dtype, self.device, int(getattr(self.config, "hidden_size", 640)))
         self.dtype = self.precision.dtype
         self.model = load_model(cfg.model_path, self.config, self.dtype, self.device, cfg.load_format)
-        output_lowp = None
-        if self.precision.lowp_rows:  # fp32 with bf16 weight copies for few-row products
-            use_dual_linears(self.model, self.precision.lowp_rows)
-            output_lowp = self.model.output_weight.detach().to(torch.bfloat16)
+        output_ways = self._prepare_cpu_linears() if self.device.type == "cpu" else {}
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.vocab_size: int = self.config.vocab_size
         c = self.config
@@ -93,13 +91,28 @@ class ModelRunner:
         self.table = ReqSlotTable(cfg.max_requests, self.context_len, self.device)
         self.backend = get_attention_backend(cfg.attention_backend, self.device.type)
         self.softcap: float | None = getattr(c, "final_logit_softcapping", None)
-        self.output_layer = OutputLayer(output_lowp)
+        self.output_layer = OutputLayer(output_ways)
         self.graphs: DecodeGraphRunner | None = None
         if self.device.type == "cuda" and cfg.cuda_graph_max_bs:
             self.graphs = self._capture(min(cfg.cuda_graph_max_bs, cfg.max_requests))
         logger.info("loaded %s on %s (%s, %s attention) in %.1fs: weights %.2f GiB, KV pool %.2f GiB = %d tokens",
                     cfg.model_path.name, self.device, str(self.dtype).removeprefix("torch."), self.backend.name,
                     time.perf_counter() - start, weights / GiB, self.pool.nbytes() / GiB, num_slots)
+
+    def _prepare_cpu_linears(self) -> dict[str, Kernel]:
+        """Prepack the linear layers for oneDNN (or make fp32 + bf16 pairs, runtime/cpu_precision.py);
+        returns the extra ways the output layer may take, timed at run time against plain linear."""
+        weight, lowp = self.model.output_weight, self.precision.lowp_rows
+        ways: dict[str, Kernel] = {}
+        if lowp:  # fp32 with bf16 weight copies for few-row products
+            use_dual_linears(self.model, lowp)
+            lowp_kernel = linear_kernel(weight.detach().to(torch.bfloat16), None, packing_supported(torch.bfloat16))
+            ways["bf16 copy"] = lambda hidden: lowp_kernel(hidden.to(torch.bfloat16))
+        else:
+            pack_linears(self.model, self.dtype)
+        if packing_supported(self.dtype):
+            ways["onednn packed"] = linear_kernel(weight, None, packed=True)
+        return ways
 
     def _capture(self, max_bs: int) -> DecodeGraphRunner | None:
         try:

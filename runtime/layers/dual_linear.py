@@ -8,30 +8,33 @@ weights, and bf16 weights halve the bytes. Activations stay fp32 in and out.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from runtime.layers.packed_linear import linear_kernel, linears, packing_supported
 
 
 class DualLinear(nn.Module):
-    def __init__(self, linear: nn.Linear, lowp_rows: int) -> None:
+    def __init__(self, linear: nn.Linear, lowp_rows: int, pack32: bool = False, pack16: bool = False) -> None:
+        """pack32 / pack16: use oneDNN-packed weights for that copy (runtime/layers/packed_linear.py)."""
         super().__init__()
-        self.weight = linear.weight
         self.bias = linear.bias
-        self.register_buffer("weight_bf16", linear.weight.detach().to(torch.bfloat16), persistent=False)
         self.lowp_rows = lowp_rows
         self.shard_sizes = getattr(linear, "shard_sizes", None)
+        weight16 = linear.weight.detach().to(torch.bfloat16)
+        bias16 = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+        self._fp32 = linear_kernel(linear.weight, linear.bias, pack32)
+        self._bf16 = linear_kernel(weight16, bias16, pack16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] <= self.lowp_rows:
-            bias = None if self.bias is None else self.bias.to(torch.bfloat16)
-            return F.linear(x.to(torch.bfloat16), self.weight_bf16, bias).to(x.dtype)
-        return F.linear(x, self.weight, self.bias)
+            return self._bf16(x.to(torch.bfloat16)).to(x.dtype)
+        return self._fp32(x)
 
 
 def use_dual_linears(model: nn.Module, lowp_rows: int) -> int:
-    """Swap every nn.Linear of a loaded model for a DualLinear; returns how many were swapped."""
-    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if type(child) is nn.Linear]
+    """Swap every nn.Linear of a loaded model (not the output head) for a DualLinear; returns how many."""
+    pack32, pack16 = packing_supported(torch.float32), packing_supported(torch.bfloat16)
+    swaps = linears(model)
     for parent, name, child in swaps:
-        setattr(parent, name, DualLinear(child, lowp_rows))
+        setattr(parent, name, DualLinear(child, lowp_rows, pack32, pack16))
     return len(swaps)

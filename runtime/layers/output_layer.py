@@ -4,15 +4,17 @@ For a 262k-token vocabulary this is the largest matrix product of a decode step,
 call does it fastest depends on the machine: measured on one 2-core Zen 4, `weight @ hidden.T`
 (then made row-major) took 45 ms at batch 64 against 81 ms for `linear`; on another, `linear`
 took 17 ms at batch 16 against 35 ms, because the transposing copy cost more than the faster
-GEMM saved. So on the CPU each batch-size bucket (powers of two) is timed once, both ways, on
-the real weights the first time it is seen, and the faster way is kept. On a GPU, and for one
-row, it is always `linear`.
+GEMM saved. So on the CPU each batch-size bucket (powers of two) is timed once, every way, on
+the real weights the first time it is seen, and the fastest way is kept. The runner adds ways
+over weights it prepared at load: a oneDNN-packed copy (twice as fast at one row on that Zen 4),
+and on CPUs without bf16 units a bf16 copy of fp32 weights. On a GPU it is always `linear`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -33,17 +35,17 @@ WAYS = {"linear": _linear, "weight@hidden.T": _transposed}
 
 
 class OutputLayer:
-    def __init__(self, lowp_weight: torch.Tensor | None = None) -> None:
-        """lowp_weight: a bf16 copy of fp32 output weights (runtime/cpu_precision.py), a third way."""
+    def __init__(self, extra_ways: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None) -> None:
+        """extra_ways: more candidates, hidden -> logits over weights prepared at load (a oneDNN-packed
+        copy, a bf16 copy of fp32 weights: runtime/layers/packed_linear.py, runtime/cpu_precision.py)."""
         self.choice: dict[int, str] = {}  # batch-size bucket -> the faster way
-        self.lowp_weight = lowp_weight
         self.ways = dict(WAYS)
-        if lowp_weight is not None:
-            self.ways["bf16 linear"] = lambda hidden, _weight: _linear(hidden.to(torch.bfloat16), lowp_weight)
+        for name, kernel in (extra_ways or {}).items():
+            self.ways[name] = lambda hidden, _weight, kernel=kernel: kernel(hidden).float()
 
     def __call__(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         rows = hidden.shape[0]
-        if hidden.device.type != "cpu" or (rows == 1 and self.lowp_weight is None):
+        if hidden.device.type != "cpu" or (rows == 1 and len(self.ways) == len(WAYS)):
             return _linear(hidden, weight)
         bucket = 1 << (rows - 1).bit_length()
         way = self.choice.get(bucket)

@@ -64,7 +64,7 @@ def test_engine_in_fp32_with_bf16_copies(tmp_path: Path, monkeypatch: pytest.Mon
     mixed = Precision(torch.float32, 4, "forced by the test")
     monkeypatch.setattr(model_runner_module, "resolve_precision", lambda *args: mixed)
     runner = ModelRunner(RunnerConfig(folder, dtype="auto", num_slots=256, max_requests=8, max_context=128))
-    assert runner.dtype == torch.float32 and runner.output_layer.lowp_weight is not None
+    assert runner.dtype == torch.float32 and "bf16 copy" in runner.output_layer.ways
     assert any(isinstance(m, DualLinear) for m in runner.model.modules())
     monkeypatch.undo()
     plain = ModelRunner(RunnerConfig(folder, dtype="float32", num_slots=256, max_requests=8, max_context=128))
