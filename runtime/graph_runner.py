@@ -115,7 +115,7 @@ class DecodeGraphRunner:
             step = self.steps[size]
             pad = self._pad_batch(size)
             step.buffer.copy_(upload(pad.host, self.device)[: pad.body_size])
-            run: Callable[[], torch.Tensor] = lambda pad=pad, step=step: self._forward(pad, step)  # noqa: E731
+            run: Callable[[], torch.Tensor] = lambda pad=pad, step=step: self._forward(pad, step)
             run()  # warm-up outside the graph: Triton compiles, cuBLAS picks its kernels, lazy buffers exist
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()

@@ -18,8 +18,8 @@ from runtime.forward_batch import BatchEntry, ForwardBatch, HostBatch
 from runtime.graph_runner import DecodeGraphRunner
 from runtime.kv_pool import KVPool, kv_bytes_per_token, plan_kv_tokens
 from runtime.layers.dual_linear import use_dual_linears
-from runtime.layers.packed_linear import Kernel, linear_kernel, pack_linears, packing_supported
 from runtime.layers.output_layer import OutputLayer
+from runtime.layers.packed_linear import Kernel, linear_kernel, pack_linears, packing_supported
 from runtime.models import model_class
 from runtime.models.llama import head_dim_of
 from runtime.models.weights import dummy_init, iterate_weights

@@ -36,6 +36,6 @@ def test_gpu_engine_benchmark_smoke_on_cpu(tmp_path: Path) -> None:
 
 
 def test_gpu_engine_benchmark_runs_by_path_without_cuda() -> None:
-    proc = subprocess.run([sys.executable, "benchmarks/gpu_engine.py", "--help"], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_engine.py", "--help"], cwd=ROOT, capture_output=True, check=False,
                           text=True, timeout=60)
     assert proc.returncode == 0 and "--batches" in proc.stdout

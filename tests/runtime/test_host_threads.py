@@ -34,7 +34,7 @@ engine.shutdown()
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir() or (os.cpu_count() or 1) < 2, reason="needs Linux, 2+ CPUs")
 def test_building_an_engine_starts_no_thread_pool_on_the_callers_thread(tmp_path: Path) -> None:
     folder = save_tiny_model("llama", tmp_path)
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(folder)], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(folder)], cwd=ROOT, capture_output=True, text=True, check=False,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, built, after, restored = proc.stdout.split()[-4:]

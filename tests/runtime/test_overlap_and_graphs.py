@@ -41,7 +41,7 @@ def _generate(folder: Path, graphs: int | None = None, record: list | None = Non
         if record is not None:
             run = engine.runner.run
 
-            def recording(entries, future_ids=None):  # noqa: ANN001, ANN202
+            def recording(entries, future_ids=None):
                 record.append((len(entries), sum(e.future is not None for e in entries)))
                 return run(entries, future_ids)
 
@@ -108,7 +108,7 @@ def test_overlap_abort_and_finish_mid_flight(gemma: Path) -> None:
         seen = threading.Event()
         first: list = []
 
-        def sink(out) -> None:  # noqa: ANN001
+        def sink(out) -> None:
             first.append(out)
             if len(out.token_ids) >= 2:
                 seen.set()
