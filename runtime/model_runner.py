@@ -13,13 +13,13 @@ from torch import nn
 from kernels import get_attention_backend
 from runtime.context import ForwardContext, forward_context
 from runtime.cpu_precision import resolve_precision
-from runtime.device import DTYPES, resolve_device, resolve_dtype  # noqa: F401 - re-exported
+from runtime.device import DTYPES, host_available_bytes, resolve_device, resolve_dtype  # noqa: F401 - re-exported
 from runtime.forward_batch import BatchEntry, ForwardBatch, HostBatch
 from runtime.graph_runner import DecodeGraphRunner
 from runtime.kv_pool import KVPool, kv_bytes_per_token, plan_kv_tokens
 from runtime.layers.dual_linear import use_dual_linears
 from runtime.layers.output_layer import OutputLayer
-from runtime.layers.packed_linear import Kernel, linear_kernel, pack_linears, packing_supported
+from runtime.layers.packed_linear import Kernel, copies_fit, linear_kernel, pack_linears, packing_supported
 from runtime.models import model_class
 from runtime.models.llama import head_dim_of
 from runtime.models.weights import dummy_init, iterate_weights
@@ -108,8 +108,10 @@ class ModelRunner:
             use_dual_linears(self.model, lowp)
             lowp_kernel = linear_kernel(weight.detach().to(torch.bfloat16), None, packing_supported(torch.bfloat16))
             ways["bf16 copy"] = lambda hidden: lowp_kernel(hidden.to(torch.bfloat16))
-        else:
+        elif copies_fit(self.model, host_available_bytes()):
             pack_linears(self.model, self.dtype)
+        else:
+            logger.info("linear layers left unpacked: packed copies would take too much of the RAM available")
         if packing_supported(self.dtype):
             ways["onednn packed"] = linear_kernel(weight, None, packed=True)
         return ways

@@ -6,7 +6,9 @@ freezing uses), the same products ran about twice as fast on a 2-core Zen 4, mos
 18 Gemma-sized gate/up projections at one row 5.8 -> 2.9-3.2 ms (bf16), the 262k-row output layer
 12-19 -> 9 ms, fp32 2.7x faster; still 1.1-1.4x at 16-64 rows and even at 512. In bf16 the results
 are bitwise those of `F.linear`. Where this torch build or CPU lacks the kernels (no oneDNN, or
-no bf16 support in it), `pack` says so and the layer stays plain.
+no bf16 support in it), the layers stay plain. The plain weights stay too (parameters, state
+dicts and checkpoints read them), so packing doubles the layers' weight memory: the runner packs
+only where that is a small share of the RAM available.
 """
 
 from __future__ import annotations
@@ -44,12 +46,13 @@ def linear_kernel(weight: torch.Tensor, bias: torch.Tensor | None, packed: bool)
     return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
 
 
-class PackedLinear(nn.Module):
+class PackedLinear(nn.Linear):
+    """An nn.Linear (its weight stays, for anything that reads parameters) computed from a packed copy."""
+
     def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.bias = linear.bias
+        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+        self.weight, self.bias = linear.weight, linear.bias
         self.shard_sizes = getattr(linear, "shard_sizes", None)
-        self.in_features, self.out_features = linear.in_features, linear.out_features
         self._kernel = linear_kernel(linear.weight, linear.bias, packed=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -72,3 +75,9 @@ def linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
     runner's output layer reads itself (runtime/layers/output_layer.py)."""
     return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
             if type(child) is nn.Linear and name != "lm_head"]
+
+
+def copies_fit(model: nn.Module, available_bytes: int, share: float = 0.25) -> bool:
+    """Packed copies double the linear layers' weights in RAM: only where that stays a small share."""
+    size = sum(child.weight.numel() * child.weight.element_size() for _, _, child in linears(model))
+    return 2 * size <= share * available_bytes

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.layers.packed_linear import PackedLinear, pack_linears, packing_supported
+from runtime.layers.packed_linear import PackedLinear, copies_fit, pack_linears, packing_supported
 from runtime.model_runner import ModelRunner, RunnerConfig
 from tests.tiny_models import save_tiny_model
 
@@ -38,8 +38,14 @@ def test_runner_packs_its_layers_but_not_the_output_head(tmp_path: Path) -> None
     folder = save_tiny_model("llama", tmp_path)  # an untied lm_head
     runner = ModelRunner(RunnerConfig(folder, dtype="float32", num_slots=64, max_requests=2, max_context=32))
     kinds = {type(m) for m in runner.model.modules()}
-    assert PackedLinear in kinds and isinstance(runner.model.lm_head, nn.Linear)
+    assert PackedLinear in kinds and type(runner.model.lm_head) is nn.Linear
+    # Parameters are still there for whoever reads them: the same names, shapes and values.
+    names = {n for n, _ in runner.model.named_parameters()}
+    assert "model.layers.0.mlp.gate_up_proj.weight" in names
     assert "onednn packed" in runner.output_layer.ways
     model = nn.Sequential(nn.Linear(8, 8))
     model.lm_head = nn.Linear(8, 4)
-    assert pack_linears(model, torch.float32) == 1 and isinstance(model.lm_head, nn.Linear)
+    assert pack_linears(model, torch.float32) == 1 and type(model.lm_head) is nn.Linear
+    assert isinstance(model[0], PackedLinear) and isinstance(model[0], nn.Linear)
+    fresh = nn.Sequential(nn.Linear(8, 8))  # 256 bytes of weights: 512 with their packed copies
+    assert not copies_fit(fresh, available_bytes=1000) and copies_fit(fresh, available_bytes=10**9)
