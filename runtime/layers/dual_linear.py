@@ -13,11 +13,13 @@ from torch import nn
 from runtime.layers.packed_linear import linear_kernel, linears, packing_supported
 
 
-class DualLinear(nn.Module):
+class DualLinear(nn.Linear):
+    """An nn.Linear (its fp32 weight stays, for anything that reads parameters) with a bf16 copy."""
+
     def __init__(self, linear: nn.Linear, lowp_rows: int, pack32: bool = False, pack16: bool = False) -> None:
         """pack32 / pack16: use oneDNN-packed weights for that copy (runtime/layers/packed_linear.py)."""
-        super().__init__()
-        self.bias = linear.bias
+        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+        self.weight, self.bias = linear.weight, linear.bias
         self.lowp_rows = lowp_rows
         self.shard_sizes = getattr(linear, "shard_sizes", None)
         weight16 = linear.weight.detach().to(torch.bfloat16)

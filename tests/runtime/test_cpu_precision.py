@@ -66,6 +66,7 @@ def test_engine_in_fp32_with_bf16_copies(tmp_path: Path, monkeypatch: pytest.Mon
     runner = ModelRunner(RunnerConfig(folder, dtype="auto", num_slots=256, max_requests=8, max_context=128))
     assert runner.dtype == torch.float32 and "bf16 copy" in runner.output_layer.ways
     assert any(isinstance(m, DualLinear) for m in runner.model.modules())
+    assert "model.layers.0.mlp.gate_up_proj.weight" in dict(runner.model.named_parameters())  # weights stay
     monkeypatch.undo()
     plain = ModelRunner(RunnerConfig(folder, dtype="float32", num_slots=256, max_requests=8, max_context=128))
     for r in (runner, plain):
