@@ -89,7 +89,7 @@ class HostBatch:
         prefix_lens = [e.prefix_len for e in entries]
         ids: list[int] = []
         positions: list[int] = []
-        out_slots: list[torch.Tensor] = []
+        out_slots: list[torch.Tensor] = []  # extends' slots, by slices of their table rows
         logit_rows: list[int] = []
         starts: list[int] = []
         counts: list[int] = []
@@ -102,11 +102,15 @@ class HostBatch:
                 future_dst.append(first + n - 1)
                 future_src.append(entry.future)
             positions.extend(range(entry.prefix_len, entry.prefix_len + n))
-            out_slots.append(table.read(entry.row, entry.prefix_len + n)[entry.prefix_len :])
+            if n > 1:
+                out_slots.append(table.read(entry.row, entry.prefix_len + n)[entry.prefix_len :])
             lo = n - 1 if entry.logits_from is None else min(entry.logits_from, n - 1)
             starts.append(len(logit_rows))
             counts.append(n - lo)
             logit_rows.extend(range(first + lo, first + n))
+        decodes = entries[len(out_slots):]  # kernel order: the one-token entries come last
+        if decodes:  # their slots in one lookup, not one slice each
+            out_slots.append(table.gather([e.row for e in decodes], [e.prefix_len for e in decodes]))
         rows = [e.row for e in entries]
         num_real = len(entries)
         pad = 0 if pad_to is None else pad_to - num_real

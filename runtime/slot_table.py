@@ -46,6 +46,11 @@ class ReqSlotTable:
     def read(self, row: int, length: int) -> torch.Tensor:
         return self.table[row, :length]
 
+    def gather(self, rows: list[int], columns: list[int]) -> torch.Tensor:
+        """table[rows[i], columns[i]] for every i, in one lookup (on the host)."""
+        return self.table[torch.tensor(rows, dtype=torch.int64, device="cpu"),
+                          torch.tensor(columns, dtype=torch.int64, device="cpu")]
+
     def sync(self) -> None:
         """Bring the device copy up to date: one host-to-device copy and one scatter for all writes."""
         if not self._pending:
