@@ -54,6 +54,27 @@ class KVManager:
         req.allocated += need
         return True
 
+    def grow_decodes(self, reqs: list[Req]) -> bool:
+        """Room for one more token of KV for each of `reqs`, in one allocation and one table write.
+        All or nothing: False, with nothing changed, when they do not all fit."""
+        needs = [self.pages_for(r.kv_len + 1) - r.allocated for r in reqs]
+        total = sum(n for n in needs if n > 0)
+        if total == 0:
+            return True
+        slots = self.alloc(total)
+        if slots is None:
+            return False
+        rows: list[int] = []
+        columns: list[int] = []
+        for req, n in zip(reqs, needs):
+            if n > 0:
+                assert req.row is not None
+                rows.extend([req.row] * n)
+                columns.extend(range(req.allocated, req.allocated + n))
+                req.allocated += n
+        self.table.write_scattered(rows, columns, slots)
+        return True
+
     def alloc(self, n: int) -> torch.Tensor | None:
         if self.allocator.available() < n:
             self.cache.evict(n - self.allocator.available())

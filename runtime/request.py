@@ -55,6 +55,11 @@ class Req:
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def token_at(self, i: int) -> int:
+        """all_ids[i] without building all_ids (a decode reads one token per step)."""
+        prompt = len(self.prompt_ids)
+        return self.prompt_ids[i] if i < prompt else self.output_ids[i - prompt]
+
     @property
     def seq_len(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)

@@ -42,7 +42,7 @@ class StepPlan:
             assert num_tokens == 1 and req.kv_len == req.seq_len
             self._put(req, BatchEntry(req.row, req.kv_len, [FUTURE], logits_from, future=req.inflight_index))
             return
-        tokens = req.all_ids[req.kv_len : req.kv_len + num_tokens]
+        tokens = [req.token_at(req.kv_len)] if num_tokens == 1 else req.all_ids[req.kv_len : req.kv_len + num_tokens]
         assert len(tokens) == num_tokens
         self._put(req, BatchEntry(req.row, req.kv_len, tokens, logits_from))
 
@@ -132,7 +132,12 @@ class Scheduler:
             self._fail(self.running[0], "the KV cache is too small for this request")
 
     def _schedule_decodes(self, plan: StepPlan) -> None:
-        for req in [r for r in self.running if r.is_decoding]:
+        decoding = [r for r in self.running if r.is_decoding]
+        if self.kv.grow_decodes(decoding):  # the common case: everyone fits, one allocation
+            for req in decoding:
+                plan.add(req, 1)
+            return
+        for req in decoding:
             if req.state is not ReqState.RUNNING:
                 continue  # retracted for an earlier one this step
             while not self.kv.grow(req, req.kv_len + 1):
@@ -161,6 +166,7 @@ class Scheduler:
         if not self.waiting or budget <= 0:
             return
         admitted = 0
+        running_remaining = sum(self._remaining(r) for r in self.running)  # kept up to date below
         for cand in self.policy.order(list(self.waiting)):
             if budget <= 0 or len(self.running) >= self.args.max_running_requests:
                 break
@@ -177,7 +183,8 @@ class Scheduler:
             prefix = len(match.indices)
             chunk = min(req.seq_len - prefix, self.args.chunked_prefill_size, budget)
             need = self.kv.pages_for(prefix + chunk) - prefix
-            if self.kv.room() < need + self._decode_reserve(req):
+            reserve = int((running_remaining + self._remaining(req)) * DECODE_RESERVE_RATIO)
+            if self.kv.room() < need + reserve:
                 self.kv.cache.unlock(match.node)
                 break
             self.waiting.remove(req)
@@ -187,6 +194,7 @@ class Scheduler:
                 break
             req.state = ReqState.RUNNING
             self.running.append(req)
+            running_remaining += self._remaining(req)
             if req.cached_tokens < 0:  # first admission (not a recompute after retraction)
                 self.on_dequeue(req)
                 req.cached_tokens = prefix
@@ -206,12 +214,10 @@ class Scheduler:
         self.counters.computed_prompt_tokens += chunk
         plan.add(req, chunk, logits_from)
 
-    def _decode_reserve(self, new_req: Req) -> int:
-        def remaining(r: Req) -> int:
-            return min(max(r.params.max_new_tokens - len(r.output_ids), 0), DECODE_RESERVE_CAP)
-
-        total = sum(remaining(r) for r in self.running) + remaining(new_req)
-        return int(total * DECODE_RESERVE_RATIO)
+    @staticmethod
+    def _remaining(r: Req) -> int:
+        """Tokens a request may still generate, as far as the decode reserve counts them."""
+        return min(max(r.params.max_new_tokens - len(r.output_ids), 0), DECODE_RESERVE_CAP)
 
     def _retract(self, req: Req, plan: StepPlan) -> None:
         """Preempt: hand its KV to the cache, keep its tokens, and requeue it at the front."""

@@ -24,7 +24,7 @@ class ReqSlotTable:
         self.pad_row = max_requests
         self.table = torch.zeros((max_requests + 1, max_context), dtype=torch.int64, device="cpu")
         self.device_table = self.table if self.device.type == "cpu" else self.table.to(self.device)
-        self._pending: list[tuple[int, int, torch.Tensor]] = []  # (row, start, slots) not yet on the device
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (rows, columns, slots) not yet on the device
         self._free_rows = list(range(max_requests - 1, -1, -1))
 
     def available(self) -> int:
@@ -41,7 +41,17 @@ class ReqSlotTable:
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         self.table[row, start : start + len(slots)] = slots
         if self.device_table is not self.table and len(slots):
-            self._pending.append((row, start, slots))
+            n = len(slots)
+            self._pending.append((torch.full((n,), row, dtype=torch.int64), torch.arange(start, start + n),
+                                  slots.to(torch.int64)))
+
+    def write_scattered(self, rows: list[int], columns: list[int], slots: torch.Tensor) -> None:
+        """table[rows[i], columns[i]] = slots[i] for every i, in one write (a step's decode growth)."""
+        rows_t = torch.tensor(rows, dtype=torch.int64, device="cpu")
+        columns_t = torch.tensor(columns, dtype=torch.int64, device="cpu")
+        self.table[rows_t, columns_t] = slots
+        if self.device_table is not self.table and len(slots):
+            self._pending.append((rows_t, columns_t, slots.to(torch.int64)))
 
     def read(self, row: int, length: int) -> torch.Tensor:
         return self.table[row, :length]
@@ -55,12 +65,7 @@ class ReqSlotTable:
         """Bring the device copy up to date: one host-to-device copy and one scatter for all writes."""
         if not self._pending:
             return
-        rows, cols, values = [], [], []
-        for row, start, slots in self._pending:
-            n = len(slots)
-            rows.append(torch.full((n,), row, dtype=torch.int64))
-            cols.append(torch.arange(start, start + n, dtype=torch.int64))
-            values.append(slots.to(torch.int64))
+        rows, cols, values = (torch.cat(part) for part in zip(*self._pending))
         self._pending.clear()
-        packed = torch.stack([torch.cat(rows), torch.cat(cols), torch.cat(values)]).to(self.device)
+        packed = torch.stack([rows, cols, values]).to(self.device)
         self.device_table[packed[0], packed[1]] = packed[2]
