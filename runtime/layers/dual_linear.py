@@ -10,18 +10,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.layers.packed_linear import linear_kernel, linears, packing_supported
+from runtime.layers.packed_linear import KernelLinear, linear_kernel, packing_supported, swap_linears
 
 
-class DualLinear(nn.Linear):
-    """An nn.Linear (its fp32 weight stays, for anything that reads parameters) with a bf16 copy."""
+class DualLinear(KernelLinear):
+    """Its fp32 weight for many rows, a bf16 copy for few."""
 
     def __init__(self, linear: nn.Linear, lowp_rows: int, pack32: bool = False, pack16: bool = False) -> None:
         """pack32 / pack16: use oneDNN-packed weights for that copy (runtime/layers/packed_linear.py)."""
-        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
-        self.weight, self.bias = linear.weight, linear.bias
+        super().__init__(linear)
         self.lowp_rows = lowp_rows
-        self.shard_sizes = getattr(linear, "shard_sizes", None)
         weight16 = linear.weight.detach().to(torch.bfloat16)
         bias16 = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
         self._fp32 = linear_kernel(linear.weight, linear.bias, pack32)
@@ -36,7 +34,4 @@ class DualLinear(nn.Linear):
 def use_dual_linears(model: nn.Module, lowp_rows: int) -> int:
     """Swap every nn.Linear of a loaded model (not the output head) for a DualLinear; returns how many."""
     pack32, pack16 = packing_supported(torch.float32), packing_supported(torch.bfloat16)
-    swaps = linears(model)
-    for parent, name, child in swaps:
-        setattr(parent, name, DualLinear(child, lowp_rows, pack32, pack16))
-    return len(swaps)
+    return swap_linears(model, lambda linear: DualLinear(linear, lowp_rows, pack32, pack16))

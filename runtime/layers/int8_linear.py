@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.layers.packed_linear import Kernel, linear_kernel, linears
+from runtime.layers.packed_linear import Kernel, KernelLinear, linear_kernel, swap_linears
 
 INT8_MAX_ROWS = 4
 
@@ -39,13 +39,11 @@ def int8_kernel(weight: torch.Tensor, bias: torch.Tensor | None) -> Kernel:
     return run
 
 
-class Int8Linear(nn.Linear):
-    """An nn.Linear (its weight stays) reading int8 weights for few rows, its own weights for more."""
+class Int8Linear(KernelLinear):
+    """int8 weights for few rows, its own (bf16) weights for more."""
 
     def __init__(self, linear: nn.Linear, packed: bool) -> None:
-        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
-        self.weight, self.bias = linear.weight, linear.bias
-        self.shard_sizes = getattr(linear, "shard_sizes", None)
+        super().__init__(linear)
         self._int8 = int8_kernel(linear.weight, linear.bias)
         self._wide = linear_kernel(linear.weight, linear.bias, packed)
 
@@ -55,7 +53,4 @@ class Int8Linear(nn.Linear):
 
 def quantize_linears(model: nn.Module, packed: bool) -> int:
     """Swap every nn.Linear of a loaded bf16 model (not the output head) for an Int8Linear."""
-    swaps = linears(model)
-    for parent, name, child in swaps:
-        setattr(parent, name, Int8Linear(child, packed))
-    return len(swaps)
+    return swap_linears(model, lambda linear: Int8Linear(linear, packed))

@@ -13,6 +13,7 @@ only where that is a small share of the RAM available.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
@@ -24,6 +25,7 @@ logger = logging.getLogger(__name__)
 Kernel = Callable[[torch.Tensor], torch.Tensor]
 
 
+@functools.cache  # a property of this process's torch and CPU, asked once per layer kind at load
 def packing_supported(dtype: torch.dtype) -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
@@ -46,17 +48,33 @@ def linear_kernel(weight: torch.Tensor, bias: torch.Tensor | None, packed: bool)
     return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
 
 
-class PackedLinear(nn.Linear):
-    """An nn.Linear (its weight stays, for anything that reads parameters) computed from a packed copy."""
+class KernelLinear(nn.Linear):
+    """An nn.Linear whose weight and bias stay (for anything that reads parameters, state dicts or
+    checkpoints) while its product is computed by kernels prepared from them at load."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
         self.weight, self.bias = linear.weight, linear.bias
         self.shard_sizes = getattr(linear, "shard_sizes", None)
+
+
+class PackedLinear(KernelLinear):
+    """Computed from a oneDNN-packed copy of the weight."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear)
         self._kernel = linear_kernel(linear.weight, linear.bias, packed=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._kernel(x)
+
+
+def swap_linears(model: nn.Module, make: Callable[[nn.Linear], KernelLinear]) -> int:
+    """Replace every plain nn.Linear of a loaded model but the output head by `make(layer)`; returns how many."""
+    swaps = linears(model)
+    for parent, name, child in swaps:
+        setattr(parent, name, make(child))
+    return len(swaps)
 
 
 def pack_linears(model: nn.Module, dtype: torch.dtype) -> int:
@@ -64,10 +82,7 @@ def pack_linears(model: nn.Module, dtype: torch.dtype) -> int:
     if not packing_supported(dtype):
         logger.info("oneDNN weight packing unavailable for %s here: plain linear layers", dtype)
         return 0
-    swaps = linears(model)
-    for parent, name, child in swaps:
-        setattr(parent, name, PackedLinear(child))
-    return len(swaps)
+    return swap_linears(model, PackedLinear)
 
 
 def linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
