@@ -8,10 +8,12 @@ the output processor applies them (runtime/output_processor.py).
 With overlap on (the default on a GPU), "process" for step n runs after step n+1 is launched:
 the scheduler plans step n+1 while step n's ids are still on the device, a decode entry names
 its token as a `future` (an index into step n's sampled ids), and the host reads step n's ids
-while the device runs step n+1. Without overlap (the CPU default) each step is processed at once. Callers talk to the loop only through `post` (a thread-safe inbox
-of commands); results leave through each request's `sink`. A fault inside one step fails the
-requests of that step and the loop goes on; a fault in the loop itself is recorded in `dead` so
-health checks fail instead of hang.
+while the device runs step n+1. Without overlap (the CPU default) each step is processed at once.
+
+Callers talk to the loop only through `post` (a thread-safe inbox of commands); results leave
+through each request's `sink`. A fault inside one step fails the requests of that step and the
+loop goes on; a fault in the loop itself is recorded in `dead` so health checks fail instead of
+hang.
 """
 
 from __future__ import annotations
@@ -218,7 +220,7 @@ class EngineLoop:
             if req.state is not ReqState.RUNNING:
                 continue
             if entry.future is not None:
-                entry = BatchEntry(entry.row, entry.prefix_len, [req.all_ids[entry.prefix_len]], entry.logits_from)
+                entry = BatchEntry(entry.row, entry.prefix_len, [req.token_at(entry.prefix_len)], entry.logits_from)
             try:
                 self._complete(self._launch(StepPlan.of(req, entry)))
             except Exception as exc:  # noqa: BLE001 - this request is the faulty one

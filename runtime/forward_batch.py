@@ -62,15 +62,10 @@ class HostBatch:
     logit_counts: list[int]  # per request: how many rows (the last one predicts the next token)
     num_logit_rows: int
     num_futures: int
-    num_real: int  # requests before padding
 
     @property
     def num_tokens(self) -> int:
         return sum(self.extend_lens)
-
-    @property
-    def is_decode(self) -> bool:
-        return all(n == 1 for n in self.extend_lens) and self.num_logit_rows == len(self.extend_lens)
 
     @property
     def body_size(self) -> int:
@@ -85,7 +80,7 @@ class HostBatch:
         extend_lens = [len(e.token_ids) for e in entries]
         if not entries or min(extend_lens) == 0:
             raise ValueError("a batch needs at least one entry, and every entry at least one new token")
-        AttentionMetadata.count_extends(extend_lens)  # raises unless in kernel order
+        num_extends = AttentionMetadata.count_extends(extend_lens)  # raises unless in kernel order
         prefix_lens = [e.prefix_len for e in entries]
         ids: list[int] = []
         positions: list[int] = []
@@ -108,7 +103,7 @@ class HostBatch:
             starts.append(len(logit_rows))
             counts.append(n - lo)
             logit_rows.extend(range(first + lo, first + n))
-        decodes = entries[len(out_slots):]  # kernel order: the one-token entries come last
+        decodes = entries[num_extends:]
         if decodes:  # their slots in one lookup, not one slice each
             out_slots.append(table.gather([e.row for e in decodes], [e.prefix_len for e in decodes]))
         rows = [e.row for e in entries]
@@ -130,7 +125,7 @@ class HostBatch:
             torch.cat(out_slots).to(torch.int64),
             torch.tensor(future_dst + future_src, dtype=torch.int64, device="cpu"),
         ])
-        return cls(host, prefix_lens, extend_lens, starts, counts, len(logit_rows), len(future_dst), num_real)
+        return cls(host, prefix_lens, extend_lens, starts, counts, len(logit_rows), len(future_dst))
 
     def split(self, dev: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The packed sections of an uploaded copy: ids, positions, rows, int columns, logit rows, slots."""

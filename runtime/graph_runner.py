@@ -37,6 +37,7 @@ def capture_sizes(max_bs: int) -> list[int]:
 @dataclass
 class _SizedStep:
     size: int
+    pad: HostBatch  # a batch of `size` padding requests: what capture runs on (valid, not zeros)
     buffer: torch.Tensor  # the packed layout of a padded decode batch of `size`, on the device
     graph: torch.cuda.CUDAGraph | None = None
     logits: torch.Tensor | None = None  # the captured graph's output (overwritten by each replay)
@@ -55,8 +56,9 @@ class DecodeGraphRunner:
         self.sizes = capture_sizes(max_bs)
         self.steps: dict[int, _SizedStep] = {}
         for size in self.sizes:
-            pad = self._pad_batch(size)
-            self.steps[size] = _SizedStep(size, upload(pad.host, self.device)[: pad.body_size].clone())
+            pad = HostBatch.pack([BatchEntry(self.table.pad_row, 0, [0])], self.table, pad_to=size,
+                                 pad_slot=self.pad_slot)
+            self.steps[size] = _SizedStep(size, pad, upload(pad.host, self.device)[: pad.body_size].clone())
         if capture:
             self._capture_all()
 
@@ -99,11 +101,6 @@ class DecodeGraphRunner:
             return None  # the torch backend sizes its work from host lengths: eager only
         return backend.num_splits(size, self.runner.pool.k[0].shape[1], self.table.max_context)
 
-    def _pad_batch(self, size: int) -> HostBatch:
-        """A batch of `size` padding requests: what capture runs on (it must be valid, not zeros)."""
-        return HostBatch.pack([BatchEntry(self.table.pad_row, 0, [0])], self.table, pad_to=size,
-                              pad_slot=self.pad_slot)
-
     def _capture_all(self) -> None:
         if self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
@@ -112,10 +109,8 @@ class DecodeGraphRunner:
         start, free_before = time.perf_counter(), torch.cuda.mem_get_info(self.device)[0]
         pool = None
         for size in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory
-            step = self.steps[size]
-            pad = self._pad_batch(size)
-            step.buffer.copy_(upload(pad.host, self.device)[: pad.body_size])
-            run: Callable[[], torch.Tensor] = lambda pad=pad, step=step: self._forward(pad, step)
+            step = self.steps[size]  # its buffer still holds the padding batch it was made from
+            run: Callable[[], torch.Tensor] = lambda step=step: self._forward(step.pad, step)
             run()  # warm-up outside the graph: Triton compiles, cuBLAS picks its kernels, lazy buffers exist
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()

@@ -38,8 +38,10 @@ class Req:
     allocated: int = 0  # slots written in the table row (whole pages)
     locked_len: int = 0  # leading slots owned by the prefix cache and locked for us
     locked_node: object = None
-    # A token sampled on the device whose id the host has not read yet (the overlap scheduler's
-    # step n+1 is planned before step n's ids come back): 0 or 1, and its index in that step.
+    # Tokens sampled on the device whose ids the host has not read yet (the overlap scheduler's
+    # step n+1 is planned before step n's ids come back), and the index of the latest one in its
+    # step's sampled ids. 1 while a step is planned; 2 for the moment between launching step n+1
+    # and reading step n.
     inflight: int = 0
     inflight_index: int = 0
     cached_tokens: int = -1  # prefix hit at first admission (-1 until admitted)
