@@ -25,12 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 
 if __package__ in (None, ""):  # run as `python benchmarks/x.py`: import `benchmarks` as -m would
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import peer_figures
+from server.processes import wait_healthy
 
 ROOT = Path(__file__).resolve().parent
 PEERS_DIR = ROOT / ".peers"
@@ -57,20 +57,6 @@ def _venv(name: str, packages: list[str]) -> Path:
                            check=True)
         (venv / ".installed").touch()
     return python
-
-
-def _wait(url: str, proc: subprocess.Popen, timeout: float = 900) -> float:
-    start = time.time()
-    while time.time() - start < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                return time.time() - start
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"{url} did not come up in {timeout:.0f}s")
 
 
 def systems(port: int) -> dict[str, tuple[str | None, list[str], list[str]]]:
@@ -104,9 +90,8 @@ def measure(name: str, venv: str | None, packages: list[str], args: list[str], p
     with open(log, "w") as out:
         proc = subprocess.Popen([str(python), *args], stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT.parent))
     try:
-        url = f"http://127.0.0.1:{port}"
-        startup = _wait(url, proc)
-        figures = peer_figures.run(url + "/v1", "default", trials)
+        startup = wait_healthy(proc, port, name, timeout=900, path="/v1/models")
+        figures = peer_figures.run(f"http://127.0.0.1:{port}/v1", "default", trials)
         return {"name": name, "startup_s": startup, **figures}
     finally:
         proc.terminate()

@@ -1,6 +1,7 @@
 """Starting server processes on this machine: a free loopback port, and waiting until one answers /health.
 
-Shared by `python -m server.cluster` (replicas and the router) and `frontend_lang.Runtime`.
+Shared by `python -m server.cluster` (replicas and the router), `frontend_lang.Runtime` and
+`make bench-peers`.
 Imports nothing of the engine, so client-side code may use it.
 """
 
@@ -19,16 +20,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_healthy(process: subprocess.Popen, port: int, name: str, timeout: float) -> None:
-    """Return once http://127.0.0.1:port/health answers 200; RuntimeError if the process exits or time runs out."""
-    deadline = time.monotonic() + timeout
-    url = f"http://127.0.0.1:{port}/health"
+def wait_healthy(process: subprocess.Popen, port: int, name: str, timeout: float, path: str = "/health") -> float:
+    """Return the seconds it took until http://127.0.0.1:port{path} answered 200; RuntimeError if the
+    process exits or time runs out. (Peers without /health are asked for /v1/models.)"""
+    start = time.monotonic()
+    deadline = start + timeout
+    url = f"http://127.0.0.1:{port}{path}"
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"{name} exited with code {process.returncode} while starting")
         try:
             if httpx.get(url, timeout=2).status_code == 200:
-                return
+                return time.monotonic() - start
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
