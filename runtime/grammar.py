@@ -1,4 +1,4 @@
-"""Constrained decoding with xgrammar: regex, JSON Schema and EBNF constraints as per-token bitmasks.
+"""Constrained decoding with xgrammar: regex, JSON Schema, EBNF and structural-tag constraints as per-token bitmasks.
 
 xgrammar (the library SGLang and vLLM use) compiles a constraint against the tokenizer's vocabulary
 once; compiled grammars are cached by their source. Each request (each sample of an n > 1 request)
@@ -48,7 +48,10 @@ class Grammars:
                     return self.compiler.compile_json_schema(source, any_whitespace=False, strict_mode=True)
                 if kind == "ebnf":
                     return self.compiler.compile_grammar(source)
-        except ValueError as exc:
+                if kind == "structural_tag":
+                    json.loads(source)
+                    return self.compiler.compile_structural_tag(source)
+        except (ValueError, self._xgr.InvalidStructuralTagError) as exc:
             raise ValueError(f"{kind}: {exc}") from exc
         except RuntimeError as exc:  # xgrammar reports parse errors this way, after a source location
             message = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(exc).strip().splitlines()[-1])
