@@ -103,6 +103,8 @@ class Engine:
             raise RuntimeError("the engine has been shut down")
         params = _as_params(sampling_params)
         ids = self._validate_ids(input_ids)
+        if params.logit_bias and max(params.logit_bias) >= self.runner.vocab_size:
+            raise ValueError(f"logit_bias: token id {max(params.logit_bias)} is not in [0, {self.runner.vocab_size})")
         compiled = self._compile_constraint(params)  # a bad constraint raises before anything is queued
         with self._queue_lock:
             limit = self.args.max_queued_requests
@@ -153,7 +155,8 @@ class Engine:
     def _make_req(self, rid: str, ids: list[int], params: SamplingParams, index: int, sink: Sink,
                   cache_salt: str | None, stream: bool) -> Req:
         seed = params.seed + index if params.seed is not None else next(self._seeds)
-        detok = IncrementalDetokenizer(self.tokenizer, ids, list(params.stop), params.skip_special_tokens)
+        detok = IncrementalDetokenizer(self.tokenizer, ids, list(params.stop), params.skip_special_tokens,
+                                       list(params.stop_regex), params.no_stop_trim)
         return Req(rid=rid, prompt_ids=ids, params=params, detok=detok, sink=sink, seed=seed % 2**63,
                    extra_key=cache_salt, index=index, arrival=next(self._arrivals), stream=stream)
 

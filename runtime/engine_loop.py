@@ -66,7 +66,7 @@ class EngineLoop:
         self.timings: StepTimings | None = None  # set by benchmarks (runtime/step_timing.py)
         self.scheduler = scheduler
         self.kv = scheduler.kv  # the one owner of the allocator, the prefix cache and the slot table
-        self.sampler = Sampler()
+        self.sampler = Sampler(set(tokenizer.eos_token_ids))
         # Set by the Engine once a constrained request exists (runtime.grammar.Grammars.mask).
         self.grammar_mask: Callable[[torch.Tensor, list], None] = lambda logits, matchers: None
         self.output = OutputProcessor(scheduler, set(tokenizer.eos_token_ids), context_len)

@@ -100,11 +100,14 @@ class OutputProcessor:
                 req.matched_stop = token
                 self.finish(req, "stop")
                 return
-        if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids:
+        armed = len(req.output_ids) >= params.min_new_tokens  # stops count from min_new_tokens on
+        if armed and ((not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids):
+            if params.no_stop_trim:
+                req.detok.add(token, check_stops=False)  # the stop token's text stays in the output
             req.matched_stop = token
             self.finish(req, "stop")
             return
-        if req.detok.add(token):
+        if req.detok.add(token, check_stops=armed):
             req.matched_stop = req.detok.matched_stop
             self.finish(req, "stop")
             return

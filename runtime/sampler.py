@@ -61,6 +61,42 @@ def has_penalty(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
 
+def adjusts_logits(row: SampleRow) -> bool:
+    return bool(row.params.logit_bias) or row.draw < row.params.min_new_tokens
+
+
+def apply_bias_and_min_tokens(logits: torch.Tensor, rows: list[SampleRow], stop_ids: set[int]) -> torch.Tensor:
+    """Add each row's logit_bias; before min_new_tokens, mask EOS and the row's stop tokens.
+
+    logits: [B, V] for exactly these rows (returned changed). A row the mask would leave with no
+    token at all (a constraint that only allows EOS) keeps its logits unmasked.
+    """
+    vocab = logits.shape[-1]
+    bias_at: tuple[list[int], list[int]] = ([], [])
+    bias_values: list[float] = []
+    mask_at: tuple[list[int], list[int]] = ([], [])
+    for i, row in enumerate(rows):
+        for token, value in (row.params.logit_bias or {}).items():
+            if token < vocab:
+                bias_at[0].append(i)
+                bias_at[1].append(token)
+                bias_values.append(float(value))
+        if row.draw < row.params.min_new_tokens:
+            banned = sorted(t for t in stop_ids | set(row.params.stop_token_ids) if t < vocab)
+            mask_at[0].extend([i] * len(banned))
+            mask_at[1].extend(banned)
+    device = logits.device
+    if bias_values:
+        index = (device_ids(bias_at[0], device), device_ids(bias_at[1], device))
+        logits = logits.index_put(index, _column(bias_values, device)[:, 0], accumulate=True)
+    if mask_at[0]:
+        index = (device_ids(mask_at[0], device), device_ids(mask_at[1], device))
+        masked = logits.index_put(index, torch.tensor(float("-inf"), device=device))
+        usable = torch.isfinite(masked).any(dim=-1, keepdim=True)
+        logits = torch.where(usable, masked, logits)
+    return logits
+
+
 def device_ids(values: list[int], device: torch.device) -> torch.Tensor:
     """Host ints as an int64 tensor on `device` (made on the host, then copied: one explicit upload)."""
     return torch.tensor(values, dtype=torch.int64, device="cpu").to(device)
@@ -154,6 +190,9 @@ class PendingSample:
 
 
 class Sampler:
+    def __init__(self, stop_token_ids: set[int] | None = None) -> None:
+        self.stop_token_ids = set(stop_token_ids or ())  # the model's EOS ids: masked before min_new_tokens
+
     def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> SampleResult:
         """logits: float32 [B, V] raw scores, one row per entry of `rows`. Returns the chosen ids."""
         return self.sample_async(logits, rows).result()
@@ -184,6 +223,11 @@ class Sampler:
             logits = logits.clone()
             idx = device_ids(penalised, logits.device)
             logits[idx] = apply_penalties(logits[idx], [rows[i] for i in penalised])
+        adjusted = [i for i, r in enumerate(rows) if adjusts_logits(r)]
+        if adjusted:
+            logits = logits.clone() if not penalised else logits
+            idx = device_ids(adjusted, logits.device)
+            logits[idx] = apply_bias_and_min_tokens(logits[idx], [rows[i] for i in adjusted], self.stop_token_ids)
         tokens = logits.argmax(dim=-1)  # greedy rows are done
         random = [i for i, p in enumerate(params) if not p.greedy]
         if random:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 MAX_STOP_STRINGS = 64
@@ -26,6 +28,13 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1
     seed: int | None = None
+    # SGLang's: EOS / stop tokens are masked and stop strings ignored until this many tokens exist.
+    min_new_tokens: int = 0
+    stop_regex: list[str] = field(default_factory=list)  # stop when the output text matches one
+    no_stop_trim: bool = False  # keep the matched stop (string, regex match or stop token's text)
+    logit_bias: dict[int, float] | None = None  # added to the logits before sampling (token id -> bias)
+    # Kept for SGLang parity; the Rust (fast) tokenizers every model here uses ignore it, as in transformers.
+    spaces_between_special_tokens: bool = True
     return_logprob: bool = False
     logprob_start_len: int = -1  # -1: no prompt logprobs
     top_logprobs_num: int = 0
@@ -66,6 +75,16 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def __post_init__(self) -> None:
+        # JSON spellings: one stop regex as a string; logit_bias keys as strings (OpenAI's shape).
+        if isinstance(self.stop_regex, str):
+            self.stop_regex = [self.stop_regex]
+        if isinstance(self.logit_bias, dict):
+            try:
+                self.logit_bias = {int(k): v for k, v in self.logit_bias.items()}
+            except (TypeError, ValueError):
+                raise ValueError(f"logit_bias keys must be token ids, got {list(self.logit_bias)!r}") from None
 
     def validate(self) -> None:
         def check(ok: bool, name: str, what: str) -> None:
@@ -109,6 +128,26 @@ class SamplingParams:
                 raise ValueError(f"{kind} must be a non-empty string, got {getattr(self, kind)!r}")
         if len(given) > 1:
             raise ValueError(f"{' and '.join(given)}: give at most one output constraint")
-        for name in ("ignore_eos", "return_logprob", "skip_special_tokens"):
+        for name in ("ignore_eos", "return_logprob", "skip_special_tokens", "no_stop_trim",
+                     "spaces_between_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")
+        self._validate_sglang_fields(number, check)
+
+    def _validate_sglang_fields(self, number: Callable[..., float], check: Callable[[bool, str, str], None]) -> None:
+        number("min_new_tokens", True)
+        check(0 <= self.min_new_tokens <= self.max_new_tokens, "min_new_tokens", "must be in [0, max_new_tokens]")
+        if not isinstance(self.stop_regex, list) or not all(isinstance(p, str) and p for p in self.stop_regex):
+            raise ValueError(f"stop_regex must be a list of non-empty patterns, got {self.stop_regex!r}")
+        check(len(self.stop_regex) <= MAX_STOP_STRINGS, "stop_regex", f"must hold at most {MAX_STOP_STRINGS} patterns")
+        for pattern in self.stop_regex:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"stop_regex {pattern!r} is not a valid regular expression: {exc}") from None
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}")
+            for token, bias in self.logit_bias.items():
+                if token < 0 or isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+                    raise ValueError(f"logit_bias[{token}] must be a finite number for a token id >= 0, got {bias!r}")
