@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -29,18 +29,21 @@ GEMV_ROWS = (1, 2, 4, 8, 16)
 
 
 @dataclass(frozen=True)
-class Precision:
-    dtype: torch.dtype  # activations, KV cache, and the weights of matrix-matrix work
-    lowp_rows: int = 0  # products with at most this many rows use bf16 weight copies (0: none)
-    reason: str = ""
-
-
-@dataclass(frozen=True)
 class MatmulRates:
     """GFLOP/s of F.linear on this CPU: rows -> rate, per dtype."""
 
     bf16: dict[int, float]
     fp32: dict[int, float]
+
+
+@dataclass(frozen=True)
+class Precision:
+    dtype: torch.dtype  # activations, KV cache, and the weights of matrix-matrix work
+    lowp_rows: int = 0  # products with at most this many rows use bf16 weight copies (0: none)
+    reason: str = ""
+    # What `auto` measured on this CPU (None when the dtype was given or on a GPU): tests check
+    # the choice against `choose(rates)` instead of assuming one kind of CPU.
+    rates: MatmulRates | None = field(default=None, compare=False)
 
 
 def _rate(rows: int, width: int, out: int, dtype: torch.dtype, budget_s: float) -> float:
@@ -89,6 +92,7 @@ def resolve_precision(name: str, device: torch.device, width: int = 640) -> Prec
         return Precision(resolve_dtype(name), 0, f"--dtype {name}")
     if device.type != "cpu":
         return Precision(torch.bfloat16, 0, "bf16 on a GPU")
-    precision = choose(measure_rates(width))
+    rates = measure_rates(width)
+    precision = replace(choose(rates), rates=rates)
     logger.info("dtype auto on this CPU: %s", precision.reason)
     return precision

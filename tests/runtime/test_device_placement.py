@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from runtime import Engine
+from runtime.cpu_precision import choose
 from runtime.device import resolve_device
 from tests.runtime.engine_helpers import assert_slots_balanced, shared_prefix_prompts
 from tests.tiny_models import save_tiny_model, tiny_config
@@ -90,9 +91,13 @@ def test_dummy_load_format_needs_only_a_config(tmp_path: Path, caplog: pytest.Lo
             out = engine.generate(input_ids=[[2, 5, 7, 9]], sampling_params={"max_new_tokens": 5, "temperature": 0,
                                                                              "ignore_eos": True})[0]
             params = list(engine.runner.model.parameters())
+            precision = engine.runner.precision
     assert len(out.token_ids) == 5 and out.error is None
     assert "RANDOM weights" in caplog.text
-    assert all(p.dtype == torch.bfloat16 for p in params)  # auto dtype
+    # auto measured this CPU and chose from its rates (bf16 with bf16 units, fp32 without): the
+    # weights are in the dtype those rates call for, whatever kind of CPU runs the test.
+    assert precision.rates is not None and precision.dtype == choose(precision.rates).dtype
+    assert all(p.dtype == precision.dtype for p in params)
     assert all(p.float().std() > 0 for p in params if p.numel() > 1)  # never zeros
     with pytest.raises(FileNotFoundError):  # never chosen implicitly: a config alone does not load
         Engine(model=str(tmp_path), kv_cache_tokens=64)
