@@ -78,19 +78,29 @@ class Tokenizer:
         return self._with_bos(hf(text, add_special_tokens=add_special).input_ids)
 
     def apply_chat_template(self, messages: list[dict[str, object]], add_generation_prompt: bool = True,
-                            tools: list[dict[str, object]] | None = None) -> str:
+                            tools: list[dict[str, object]] | None = None,
+                            template_kwargs: dict[str, object] | None = None) -> str:
+        """The prompt text; `template_kwargs` are extra variables for the template (e.g. Qwen3's
+        enable_thinking), as vLLM's and SGLang's `chat_template_kwargs`."""
         if not self.has_chat_template:
             raise ValueError("this model's tokenizer has no chat template; use completions instead")
+        extra = dict(template_kwargs or {})
+        for reserved in ("messages", "tools", "add_generation_prompt", "tokenize", "conversation", "chat_template"):
+            if reserved in extra:
+                raise ValueError(f"chat_template_kwargs.{reserved}: set by the request itself, not here")
         try:
             return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                               tools=tools)
+                                               tools=tools, **extra)
         except Exception as exc:  # jinja raises TemplateError and others for bad messages
             raise ValueError(f"messages: the chat template rejected them: {exc}") from exc
 
     def encode_chat(self, messages: list[dict[str, object]], add_generation_prompt: bool = True,
-                    tools: list[dict[str, object]] | None = None) -> list[int]:
-        text = self.apply_chat_template(messages, add_generation_prompt, tools)
-        # The template writes BOS itself where the model wants it.
+                    tools: list[dict[str, object]] | None = None,
+                    template_kwargs: dict[str, object] | None = None) -> list[int]:
+        return self.encode_rendered(self.apply_chat_template(messages, add_generation_prompt, tools, template_kwargs))
+
+    def encode_rendered(self, text: str) -> list[int]:
+        """Token ids of a rendered chat prompt. The template writes BOS itself where the model wants it."""
         return self._with_bos(self._require()(text, add_special_tokens=False).input_ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
