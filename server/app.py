@@ -94,6 +94,7 @@ def build_app(engine: Engine, settings: ServerSettings | None = None,
         Route("/get_server_info", native_api.get_server_info, methods=["GET"]),
         Route("/server_info", native_api.get_server_info, methods=["GET"]),
         Route("/health", native_api.health, methods=["GET"]),
+        Route("/health_generate", native_api.health_generate, methods=["GET"]),
         Route("/metrics", _metrics, methods=["GET"]),
         Route("/openapi.json", _openapi, methods=["GET"]),
     ]

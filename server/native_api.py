@@ -1,10 +1,19 @@
 """Native routes in SGLang's shape: /generate, /flush_cache, /abort_request, /get_model_info,
-/get_server_info and /health."""
+/get_server_info, /health and /health_generate.
+
+/generate takes what SGLang's own client and router send (server/sglang_compat.py sorts SGLang's
+field names) and answers in SGLang's shape: `text`, `output_ids`, `meta_info` with token counts,
+`finish_reason` as {type, matched | length | message} and logprobs as [logprob, token id, text]
+triples; streamed as `data: {...}` events with the text so far, then `data: [DONE]`.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import uuid
 from collections.abc import AsyncIterator
+from typing import Any, TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -15,19 +24,47 @@ from server.engine_client import PrimedStream, collect, run_request
 from server.errors import APIError, bad_request
 from server.openai_api import json_response, sse
 from server.protocol import AbortRequest, FinishReason, GenerateRequest, GenerateResponse, HealthStatus, MetaInfo
+from server.sglang_compat import request_fields, sampling_fields
 from server.state import ServerState, decode_body
 
+logger = logging.getLogger("radixserve.server")
 
-def _params(raw: dict[str, object] | None, body: GenerateRequest) -> SamplingParams:
-    values = dict(raw or {})
-    values.setdefault("return_logprob", body.return_logprob)
-    values.setdefault("logprob_start_len", body.logprob_start_len)
-    values.setdefault("top_logprobs_num", body.top_logprobs_num)
+T = TypeVar("T")
+
+
+def _each(value: T | list[T] | None, count: int, name: str) -> list[T | None]:
+    """A per-prompt field: one value for every prompt, or a list with one per prompt."""
+    if not isinstance(value, list):
+        return [value] * count
+    if len(value) != count:
+        raise APIError(400, f"{name}: one per prompt ({count}), or one for all", name)
+    return list(value)
+
+
+def _params(raw: dict[str, object] | None, top: dict[str, object]) -> SamplingParams:
     try:
+        values = sampling_fields(raw)
+        for key, value in top.items():  # the top-level logprob fields, as SGLang has them
+            if value is not None:
+                values.setdefault(key, value)
         return SamplingParams.from_dict(values)
     except (ValueError, TypeError) as exc:
         raise bad_request(ValueError(f"sampling_params.{exc}" if not str(exc).startswith("unknown")
                                      else f"sampling_params: {exc}")) from exc
+
+
+def _decode_request(body: bytes) -> GenerateRequest:
+    values = decode_body(body, dict[str, Any])
+    try:
+        values = request_fields(values)
+    except ValueError as exc:
+        raise bad_request(exc) from exc
+    try:
+        return msgspec.convert(values, GenerateRequest)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        param = message.split("at `$.", 1)[1].rstrip("`") if "at `$." in message else None
+        raise APIError(400, f"invalid request: {message}", param) from exc
 
 
 def _batch(body: GenerateRequest, state: ServerState) -> list[list[int]]:
@@ -51,7 +88,7 @@ def _batch(body: GenerateRequest, state: ServerState) -> list[list[int]]:
         raise bad_request(exc) from exc
 
 
-def _meta(state: ServerState, out: Output) -> MetaInfo:
+def _meta(state: ServerState, out: Output, with_text: bool = True) -> MetaInfo:
     reason = None
     if out.finish_reason is not None:
         reason = FinishReason(type=out.finish_reason, matched=out.matched_stop,
@@ -61,7 +98,7 @@ def _meta(state: ServerState, out: Output) -> MetaInfo:
                     cached_tokens=out.cached_tokens, finish_reason=reason)
     lp = out.logprobs
     if lp is not None:
-        text = state.token_text
+        text = state.token_text if with_text else (lambda token: None)
         meta.output_token_logprobs = [(v, t, text(t)) for v, t in lp.output_token_logprobs]
         meta.input_token_logprobs = [(v, t, text(t)) for v, t in lp.input_token_logprobs]
         meta.output_top_logprobs = [[(v, t, text(t)) for v, t in top] for top in lp.output_top_logprobs]
@@ -70,46 +107,57 @@ def _meta(state: ServerState, out: Output) -> MetaInfo:
     return meta
 
 
-def _response(state: ServerState, out: Output) -> GenerateResponse:
-    return GenerateResponse(text=out.text, output_ids=out.token_ids, meta_info=_meta(state, out))
+def _response(state: ServerState, out: Output, with_text: bool = True) -> GenerateResponse:
+    return GenerateResponse(text=out.text, output_ids=out.token_ids, meta_info=_meta(state, out, with_text))
+
+
+def _rids(rid: str | list[str] | None, count: int) -> list[str | None]:
+    if isinstance(rid, str) and count > 1:
+        return [f"{rid}_{i}" for i in range(count)]  # SGLang: a string is a prefix for a batch's ids
+    return _each(rid, count, "rid")
+
+
+def _salts(body: GenerateRequest, count: int) -> list[str | None]:
+    """cache_salt and SGLang's extra_key both namespace the prefix cache; together, both do."""
+    salts, keys = _each(body.cache_salt, count, "cache_salt"), _each(body.extra_key, count, "extra_key")
+    return [None if s is None and k is None else f"{s or ''}\x00{k or ''}" if k is not None else s
+            for s, k in zip(salts, keys)]
 
 
 async def generate(request: Request) -> Response:
     state: ServerState = request.app.state.radix
-    body = decode_body(await state.read_body(request), GenerateRequest)
-    for name in ("return_hidden_states", "return_entropy", "return_bytes", "background"):
-        if getattr(body, name):
-            raise APIError(400, f"{name} is not supported", name)
+    body = _decode_request(await state.read_body(request))
     prompts = _batch(body, state)
-    raw = body.sampling_params
-    raws = raw if isinstance(raw, list) else [raw] * len(prompts)
-    if len(raws) != len(prompts):
-        raise APIError(400, "sampling_params: one per prompt, or one for all", "sampling_params")
-    params = [_params(r, body) for r in raws]
-    rids = body.rid if isinstance(body.rid, list) else [body.rid] * len(prompts) if body.rid else None
-    if rids is not None and len(rids) != len(prompts):
-        raise APIError(400, "rid: one per prompt", "rid")
+    count = len(prompts)
+    raws = _each(body.sampling_params, count, "sampling_params")
+    tops = zip(_each(body.return_logprob, count, "return_logprob"),
+               _each(body.logprob_start_len, count, "logprob_start_len"),
+               _each(body.top_logprobs_num, count, "top_logprobs_num"))
+    params = [_params(r, {"return_logprob": a, "logprob_start_len": b, "top_logprobs_num": c})
+              for r, (a, b, c) in zip(raws, tops)]
+    rids, salts = _rids(body.rid, count), _salts(body, count)
+    with_text = body.return_text_in_logprobs
     if body.stream:
-        if len(prompts) != 1 or params[0].n != 1:
+        if count != 1 or params[0].n != 1:
             raise APIError(400, "stream: one prompt with n = 1 per streamed request", "stream")
         stream = PrimedStream(run_request(state.engine, state.metrics, prompts[0], params[0],
-                                     rid=rids[0] if rids else None, cache_salt=body.cache_salt, stream=True))
+                                          rid=rids[0], cache_salt=salts[0], stream=True))
         await stream.prime()
-        return StreamingResponse(sse(_events(state, stream)), media_type="text/event-stream")
+        return StreamingResponse(sse(_events(state, stream, with_text)), media_type="text/event-stream")
     state.log_request("generate", body.text or body.input_ids)
     groups = await asyncio.gather(*(
-        collect(state.engine, state.metrics, ids, p, rid=rids[i] if rids else None, cache_salt=body.cache_salt)
+        collect(state.engine, state.metrics, ids, p, rid=rids[i], cache_salt=salts[i])
         for i, (ids, p) in enumerate(zip(prompts, params))))
-    outs = [_response(state, o) for group in groups for o in group]
+    outs = [_response(state, o, with_text) for group in groups for o in group]
     single = isinstance(body.text, str) or (body.input_ids and isinstance(body.input_ids[0], int))
     return json_response(outs[0] if single and len(outs) == 1 else outs)
 
 
-async def _events(state: ServerState, stream: AsyncIterator[Output]) -> AsyncIterator[bytes]:
+async def _events(state: ServerState, stream: AsyncIterator[Output], with_text: bool) -> AsyncIterator[bytes]:
     async for out in stream:
         if out.error:
             raise APIError(500, out.error)
-        yield msgspec.json.encode(_response(state, out))
+        yield msgspec.json.encode(_response(state, out, with_text))
 
 
 async def flush_cache(request: Request) -> Response:
@@ -137,6 +185,13 @@ async def get_model_info(request: Request) -> Response:
         "vocab_size": engine.runner.vocab_size,
         "dtype": str(engine.runner.dtype).removeprefix("torch."),
         "is_generation": True,
+        # SGLang's get_model_info fields (its RuntimeEndpoint reads model_path).
+        "tokenizer_path": str(engine.model_path),
+        "model_type": getattr(engine.model_config, "model_type", None),
+        "preferred_sampling_params": None,
+        "weight_version": "default",
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
         # What a client-side interpreter (frontend_lang.RuntimeEndpoint) needs to render chat turns.
         "chat_template": engine.tokenizer.chat_template,
         "bos_token": engine.tokenizer.bos_token,
@@ -169,7 +224,24 @@ async def get_server_info(request: Request) -> Response:
                 "attention_backend": engine.runner.backend.name,
                 "cuda_graph_batch_sizes": engine.runner.graphs.sizes if engine.runner.graphs else [],
                 "overlap_schedule_on": engine.loop.overlap, "dtype_choice": engine.runner.precision.reason}
-    return json_response({**state.engine_args, **settings, **resolved, "stats": engine.stats(), "version": "0.1.0"})
+    return json_response({**state.engine_args, **settings, **resolved, **state.parser_info, "stats": engine.stats(),
+                          "version": "0.1.0"})
+
+
+HEALTH_GENERATE_TIMEOUT_S = 20.0
+
+
+async def health_generate(request: Request) -> Response:
+    """Healthy only if one token comes out of the engine now (SGLang's deeper health check)."""
+    state: ServerState = request.app.state.radix
+    params = SamplingParams(max_new_tokens=1, temperature=0.0)
+    try:
+        await asyncio.wait_for(collect(state.engine, state.metrics, [0], params, rid=f"health-{uuid.uuid4().hex}"),
+                               HEALTH_GENERATE_TIMEOUT_S)
+    except (APIError, asyncio.TimeoutError) as exc:
+        logger.warning("health_generate failed: %r", exc)
+        return json_response(HealthStatus("unhealthy"), status=503)
+    return json_response(HealthStatus("ok"))
 
 
 async def health(request: Request) -> Response:

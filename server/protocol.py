@@ -261,25 +261,22 @@ class ErrorResponse(msgspec.Struct):
 
 
 class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """SGLang's GenerateReqInput, the fields we implement (server/sglang_compat.py sorts the rest).
+
+    Per-prompt fields take one value for the whole batch or a list with one per prompt.
+    """
+
     text: str | list[str] | None = None
     input_ids: list[int | list[int]] | None = None  # token ids, or a batch of them
     sampling_params: dict[str, JsonValue] | list[dict[str, JsonValue]] | None = None
     stream: bool = False
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
+    return_logprob: bool | list[bool] | None = None
+    logprob_start_len: int | list[int] | None = None
+    top_logprobs_num: int | list[int] | None = None
+    return_text_in_logprobs: bool = False  # token texts in the logprob triples (else null, as SGLang)
     rid: str | list[str] | None = None
-    cache_salt: str | None = None
-    model: str | None = None  # accepted and not checked: the SGLang router adds its own model id here
-    # Fields SGLang's router writes into every body it forwards. Token texts are always in our
-    # logprobs, and metrics/logging need no per-request switch; the rest are refused when set.
-    return_text_in_logprobs: bool = False
-    log_metrics: bool = True
-    no_logs: bool = False
-    return_hidden_states: bool = False
-    return_entropy: bool = False
-    return_bytes: bool = False
-    background: bool = False
+    cache_salt: str | list[str] | None = None
+    extra_key: str | list[str] | None = None  # SGLang's other cache namespace; joined with cache_salt
 
 
 class FinishReason(msgspec.Struct, omit_defaults=True):
