@@ -14,7 +14,8 @@ $(PY):
 
 # Reinstall only when the project's requirements change.
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench,cluster]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench,cluster,sglang-client]'
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps sglang==0.5.23
 	touch $(STAMP)
 
 install: $(STAMP)
