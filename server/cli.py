@@ -47,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"larger bodies get 413 (default: {DEFAULT_MAX_BODY_BYTES})")
     server.add_argument("--log-requests", action="store_true", help="log prompts and outputs (off: they are private)")
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    server.add_argument("--tool-call-parser", default="auto", metavar="NAME",
+                        help="the model's tool-call format (hermes, llama3, mistral, pythonic, gemma, or vLLM/SGLang's "
+                             "names for them); auto: read from the chat template; none: no tool_choice auto (default: auto)")
+    server.add_argument("--reasoning-parser", default="auto", metavar="NAME",
+                        help="split <think> reasoning into reasoning_content (qwen3, deepseek_r1); auto: from the "
+                             "chat template; none: leave it in content (default: auto)")
     return parser
 
 
@@ -57,11 +63,23 @@ def parse(argv: list[str] | None = None) -> tuple[EngineArgs, ServerSettings]:
     return engine_args, settings
 
 
+def check_parser_flags(settings: ServerSettings) -> None:
+    """An unknown --tool-call-parser / --reasoning-parser stops startup before the model loads."""
+    from server.reasoning_parser import reasoning_class
+    from server.tool_parsers import parser_class
+
+    if settings.tool_call_parser not in ("auto", "none"):
+        parser_class(settings.tool_call_parser)
+    if settings.reasoning_parser not in ("auto", "none"):
+        reasoning_class(settings.reasoning_parser)
+
+
 def main(argv: list[str] | None = None) -> None:
     engine_args, settings = parse(argv)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         engine_args.validate()
+        check_parser_flags(settings)
     except ValueError as exc:
         print(f"radixserve: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -12,18 +11,17 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from runtime import Output, SamplingParams
+from runtime import Output
 from server.engine_client import PrimedStream, collect, run_request
 from server.errors import APIError, bad_request, error_json
-from server.protocol import (AssistantMessage, ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
-                             ChatCompletionResponse, ChatDeltaChoice, ChoiceLogprobs, CompletionChoice, DeltaMessage,
-                             DeltaToolCall,
-                             CompletionLogprobs, CompletionRequest, CompletionResponse, ModelCard, ModelList,
-                             PromptTokensDetails, SamplingFields, TokenLogprobEntry, TopLogprob, Usage)
+from server.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
+                             ChatDeltaChoice, ChoiceLogprobs, CompletionChoice, CompletionLogprobs, CompletionRequest,
+                             CompletionResponse, DeltaMessage, ModelCard, ModelList, PromptTokensDetails,
+                             TokenLogprobEntry, TopLogprob, Usage)
 from server.state import ServerState, decode_body
-from server.structured import Constraint, chat_tools, constraint_for, tool_calls
-
-KNOWN_ROLES = {"system", "developer", "user", "assistant", "tool"}
+from server.chat_pipeline import (KNOWN_ROLES, ChatPlan, ChoiceStream, chat_messages, check_context,  # noqa: F401
+                                  final_message, plan_chat, sampling_params)
+from server.structured import constraint_for
 MAX_COMPLETION_LOGPROBS = 5
 
 
@@ -32,48 +30,6 @@ def json_response(obj: object, status: int = 200) -> Response:
 
 
 # -- shared -------------------------------------------------------------------------------------------
-
-
-def sampling_params(req: SamplingFields, default_max: int, extra_stop: Sequence[str] = (),
-                    top_logprobs: int | None = None, constraint: Constraint | None = None) -> SamplingParams:
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    values: dict[str, object] = {
-        "max_new_tokens": default_max if max_tokens is None else max_tokens,
-        "temperature": 1.0 if req.temperature is None else req.temperature,
-        "top_p": 1.0 if req.top_p is None else req.top_p,
-        "top_k": -1 if req.top_k is None else req.top_k,
-        "min_p": 0.0 if req.min_p is None else req.min_p,
-        "frequency_penalty": req.frequency_penalty,
-        "presence_penalty": req.presence_penalty,
-        "repetition_penalty": 1.0 if req.repetition_penalty is None else req.repetition_penalty,
-        "stop": stop + [s for s in extra_stop if s not in stop],
-        "stop_token_ids": list(req.stop_token_ids or []),
-        "ignore_eos": req.ignore_eos,
-        "n": req.n,
-        "seed": req.seed,
-        "skip_special_tokens": req.skip_special_tokens,
-        "return_logprob": top_logprobs is not None,
-        "top_logprobs_num": top_logprobs or 0,
-        **(constraint.params if constraint is not None else {}),
-    }
-    try:
-        params = SamplingParams.from_dict(values)
-    except ValueError as exc:
-        message = str(exc).replace("max_new_tokens", "max_tokens", 1)
-        raise bad_request(ValueError(message)) from exc
-    if max_tokens is not None and max_tokens < 1:
-        raise APIError(400, f"max_tokens must be >= 1, got {max_tokens}", "max_tokens")
-    return params
-
-
-def check_context(state: ServerState, prompt_len: int, body: SamplingFields) -> None:
-    """As OpenAI and vLLM do: an explicit max_tokens that cannot fit is an error, not a silent cut."""
-    asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    room = state.engine.context_len - prompt_len
-    if asked is not None and asked > room:
-        raise APIError(400, f"max_tokens: {asked} tokens requested but this model's context length is "
-                            f"{state.engine.context_len} and the prompt has {prompt_len} tokens", "max_tokens")
 
 
 def usage(outs: Sequence[Output], prompts: Sequence[tuple[int, int]]) -> Usage:
@@ -241,77 +197,25 @@ def _completion_logprobs(state: ServerState, out: Output) -> CompletionLogprobs:
 # -- /v1/chat/completions -------------------------------------------------------------------------------
 
 
-def chat_messages(body: ChatCompletionRequest) -> list[dict[str, object]]:
-    if not body.messages:
-        raise APIError(400, "messages must not be empty", "messages")
-    messages = []
-    for i, message in enumerate(body.messages):
-        if message.role not in KNOWN_ROLES:
-            raise APIError(400, f"messages[{i}].role: unknown role {message.role!r}; use one of "
-                                f"{sorted(KNOWN_ROLES)}", f"messages[{i}].role")
-        content = message.content
-        if message.tool_calls and message.role != "assistant":
-            raise APIError(400, f"messages[{i}].tool_calls: only assistant messages call tools",
-                           f"messages[{i}].tool_calls")
-        if isinstance(content, list):
-            parts = []
-            for part in content:
-                if part.type != "text" or part.text is None:
-                    raise APIError(400, f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
-                parts.append(part.text)
-            content = "".join(parts)
-        entry: dict[str, object] = {"role": "system" if message.role == "developer" else message.role}
-        if message.tool_calls:
-            calls = [{"type": "function", "id": c.id,
-                      "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments, i)}}
-                     for c in message.tool_calls]
-            entry["tool_calls"] = calls
-            # Templates that do not render tool calls still show the model what was called.
-            content = content if content is not None else json.dumps([c["function"] for c in calls])
-        if message.tool_call_id is not None:
-            entry["tool_call_id"] = message.tool_call_id
-        if content is None:
-            raise APIError(400, f"messages[{i}].content is required", f"messages[{i}].content")
-        entry["content"] = content
-        messages.append(entry)
-    return messages
-
-
-def _arguments(text: str, i: int) -> object:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise APIError(400, f"messages[{i}].tool_calls: arguments must be JSON text", f"messages[{i}].tool_calls") \
-            from exc
-
-
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.radix
     body = decode_body(await state.read_body(request), ChatCompletionRequest)
     check_model(state, body.model)
-    engine = state.engine
-    constraint = constraint_for(body)
-    try:
-        ids = engine.tokenizer.encode_chat(chat_messages(body), body.add_generation_prompt, chat_tools(body))
-    except ValueError as exc:
-        raise bad_request(exc) from exc
     if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
         raise APIError(400, "top_logprobs must be in [0, 20]", "top_logprobs")
-    top = (body.top_logprobs or 0) if body.logprobs else None
-    params = sampling_params(body, default_max=max(engine.context_len - len(ids), 1),
-                             extra_stop=engine.tokenizer.chat_stop_strings, top_logprobs=top, constraint=constraint)
-    check_context(state, len(ids), body)
+    plan = plan_chat(state, body, top_logprobs=(body.top_logprobs or 0) if body.logprobs else None)
+    engine = state.engine
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     state.log_request(rid, body.messages)
     if body.stream:
-        stream = PrimedStream(run_request(engine, state.metrics, ids, params, cache_salt=body.cache_salt, stream=True))
+        stream = PrimedStream(run_request(engine, state.metrics, plan.ids, plan.params, cache_salt=body.cache_salt,
+                                          stream=True))
         await stream.prime()
-        return StreamingResponse(sse(_chat_events(state, rid, body, stream, constraint)),
-                                 media_type="text/event-stream")
-    outs = await collect(engine, state.metrics, ids, params, cache_salt=body.cache_salt)
+        return StreamingResponse(sse(_chat_events(state, rid, body, stream, plan)), media_type="text/event-stream")
+    outs = await collect(engine, state.metrics, plan.ids, plan.params, cache_salt=body.cache_salt)
     choices = []
     for o in outs:
-        message, reason = _chat_message(constraint, o)
+        message, reason = final_message(plan, o)
         choices.append(ChatChoice(index=o.index, message=message, finish_reason=reason,
                                   logprobs=_chat_logprobs(state, o) if body.logprobs else None))
     state.log_response(rid, [o.text for o in outs])
@@ -320,44 +224,29 @@ async def chat_completions(request: Request) -> Response:
                                                 usage=usage(outs, [(outs[0].prompt_tokens, outs[0].cached_tokens)])))
 
 
-def _chat_message(constraint: Constraint, out: Output) -> tuple[AssistantMessage, str | None]:
-    """The assistant message of a finished output: text, or the tool call a tool constraint produced."""
-    if constraint.tool is not None and out.finish_reason == "stop":
-        calls = tool_calls(constraint, out.text)
-        if calls is not None:
-            return AssistantMessage(content=None, tool_calls=calls), "tool_calls"
-    return AssistantMessage(content=out.text), finish_reason(out)
-
-
 async def _chat_events(state: ServerState, rid: str, body: ChatCompletionRequest,
-                       stream: AsyncIterator[Output], constraint: Constraint) -> AsyncIterator[bytes]:
+                       stream: AsyncIterator[Output], plan: ChatPlan) -> AsyncIterator[bytes]:
     created = int(time.time())
     model = state.served_model_name
-    started: set[int] = set()
+    choices: dict[int, ChoiceStream] = {}
     finals: list[Output] = []
+
+    def chunk(index: int, delta: DeltaMessage, reason: str | None = None) -> bytes:
+        choice = ChatDeltaChoice(index=index, delta=delta, finish_reason=reason)
+        return msgspec.json.encode(ChatCompletionChunk(id=rid, created=created, model=model, choices=[choice]))
+
     async for out in stream:
         if out.error:
             raise APIError(500, out.error)
-        if out.index not in started:
-            started.add(out.index)
-            first = ChatDeltaChoice(index=out.index, delta=DeltaMessage(role="assistant", content=""))
-            yield msgspec.json.encode(ChatCompletionChunk(id=rid, created=created, model=model, choices=[first]))
+        if out.index not in choices:
+            choices[out.index] = ChoiceStream(plan)
+            yield chunk(out.index, DeltaMessage(role="assistant", content=""))
+        parser = choices[out.index]
+        for delta in parser.feed(out.delta_text, final=out.finished):
+            yield chunk(out.index, delta)
         if out.finished:
             finals.append(out)
-        if constraint.tool is not None:  # a tool call is sent whole, once its JSON is complete
-            if not out.finished:
-                continue
-            message, reason = _chat_message(constraint, out)
-            calls = [DeltaToolCall(index=j, id=c.id, function=c.function) for j, c in enumerate(message.tool_calls or [])]
-            delta = DeltaMessage(tool_calls=calls) if calls else DeltaMessage(content=out.text)
-            choice = ChatDeltaChoice(index=out.index, delta=delta, finish_reason=reason)
-            yield msgspec.json.encode(ChatCompletionChunk(id=rid, created=created, model=model, choices=[choice]))
-            continue
-        if not out.delta_text and not out.finished:
-            continue
-        delta = DeltaMessage(content=out.delta_text) if out.delta_text else DeltaMessage()
-        choice = ChatDeltaChoice(index=out.index, delta=delta, finish_reason=finish_reason(out))
-        yield msgspec.json.encode(ChatCompletionChunk(id=rid, created=created, model=model, choices=[choice]))
+            yield chunk(out.index, DeltaMessage(), parser.finish_reason(out))
     if body.stream_options is not None and body.stream_options.include_usage and finals:
         u = usage(finals, [(finals[0].prompt_tokens, finals[0].cached_tokens)])
         yield msgspec.json.encode(ChatCompletionChunk(id=rid, created=created, model=model, choices=[], usage=u))

@@ -119,6 +119,7 @@ class ChatMessage(msgspec.Struct, kw_only=True):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an earlier assistant turn that called tools
     tool_call_id: str | None = None  # a "tool" message answers this call
+    reasoning_content: str | None = None  # an earlier assistant turn's reasoning (templates may show it)
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
@@ -129,6 +130,11 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    # vLLM / SGLang extensions: variables for the chat template (e.g. {"enable_thinking": false}),
+    # and this request's tool-call / reasoning parser instead of the server's (a name or "none").
+    chat_template_kwargs: dict[str, Any] | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
 
 class PromptTokensDetails(msgspec.Struct):
@@ -186,18 +192,28 @@ class AssistantMessage(msgspec.Struct):
     role: str = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None  # a thinking model's reasoning (server/reasoning_parser.py)
 
 
-class DeltaToolCall(msgspec.Struct, kw_only=True):
+class DeltaFunction(msgspec.Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A streamed call: the first delta has id, type and name (arguments ""), the next ones
+    only argument fragments, all with the call's index (as OpenAI streams them)."""
+
     index: int
-    id: str
-    function: ToolCallFunction
-    type: str = "function"
+    id: str | None = None
+    type: str | None = None
+    function: DeltaFunction | None = None
 
 
 class DeltaMessage(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 

@@ -29,6 +29,9 @@ class ServerSettings:
     max_request_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     log_requests: bool = False
     log_level: str = "info"
+    # Agents (README "Agents"): the model's tool-call and reasoning formats; auto reads the chat template.
+    tool_call_parser: str = "auto"
+    reasoning_parser: str = "auto"
 
 
 @dataclass
@@ -42,6 +45,13 @@ class ServerState:
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.engine)
         self._token_text = lru_cache(maxsize=65536)(self._decode_token)
+        self.tool_call_parser, self.reasoning_parser = resolve_parsers(self.engine, self.settings)
+
+    @property
+    def parser_info(self) -> dict[str, object]:
+        """What /get_server_info reports: the parsers in use and why."""
+        return {"tool_call_parser_resolved": self.tool_call_parser[0], "tool_call_parser_reason": self.tool_call_parser[1],
+                "reasoning_parser_resolved": self.reasoning_parser[0], "reasoning_parser_reason": self.reasoning_parser[1]}
 
     @property
     def served_model_name(self) -> str:
@@ -80,6 +90,28 @@ class ServerState:
     def log_response(self, rid: str, texts: list[str]) -> None:
         if self.settings.log_requests:
             logger.info("response %s: %r", rid, texts)
+
+
+def resolve_parsers(engine: Engine, settings: ServerSettings) -> tuple[tuple[str | None, str], tuple[str | None, str]]:
+    """((tool-call parser, why), (reasoning parser, why)) from the flags; auto reads the chat template.
+    An unknown name is a ValueError naming the flag."""
+    from server import reasoning_parser, tool_parsers  # noqa: PLC0415 - server.state is imported by both
+
+    template = engine.tokenizer.chat_template
+    model_type = getattr(engine.model_config, "model_type", "") or ""
+    found = []
+    for flag, module, detect in (("tool_call_parser", tool_parsers, lambda: tool_parsers.detect(template, model_type)),
+                                 ("reasoning_parser", reasoning_parser, lambda: reasoning_parser.detect(template))):
+        value = getattr(settings, flag)
+        if value == "none":
+            found.append((None, f"--{flag.replace('_', '-')} none"))
+        elif value == "auto":
+            found.append(detect())
+        else:
+            cls = module.parser_class(value) if flag == "tool_call_parser" else module.reasoning_class(value)
+            found.append((cls.name, f"--{flag.replace('_', '-')} {value}"))
+        logger.info("%s: %s (%s)", flag, found[-1][0] or "none", found[-1][1])
+    return found[0], found[1]
 
 
 def decode_body(body: bytes, kind: type[T]) -> T:

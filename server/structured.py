@@ -6,8 +6,11 @@ calls shaped back into OpenAI's `tool_calls`.
   `schema`; `strict` is how we always decode: the schema's own rules, no extra properties).
 - `tools` with `tool_choice` naming a function: the output is that function's arguments, as JSON
   constrained to its `parameters` schema. `"required"`: a JSON object naming one of the tools and
-  its arguments. `"none"`: plain text. `"auto"` (the default when tools are given) would need a
-  parser of each model's own tool-call syntax: refused with a 400 that says what to send instead.
+  its arguments. `"none"`: plain text. `"auto"` (the default when tools are given): the text is
+  free and the model's own tool-call format is parsed out of it (server/tool_parsers/); the
+  chat pipeline adds the structural tag that holds a started call to the tools' schemas.
+- `strict: true` on a function: objects in its schema take no properties the schema does not
+  name (additionalProperties false where the schema leaves it open), as OpenAI's strict mode.
 - Fields that would change the answer but are not implemented (`logit_bias`, the deprecated
   `functions`, vLLM's `guided_*`) are a 400 naming the field, not silently ignored.
 """
@@ -19,13 +22,14 @@ import uuid
 from dataclasses import dataclass
 
 from server.errors import APIError
-from server.protocol import ChatCompletionRequest, SamplingFields, ToolCall, ToolCallFunction
+from server.protocol import ChatCompletionRequest, SamplingFields, Tool, ToolCall, ToolCallFunction
+from server.tool_parsers import ToolSpec
 
 
 @dataclass
 class Constraint:
     params: dict[str, object]  # extra sampling parameters: {"json_schema": ...} / {"regex": ...} / {}
-    tool: str | None = None  # "named" or "required" when the output is a tool call
+    tool: str | None = None  # "named" or "required" when the output is a tool call; "auto" when it may be
     function: str | None = None  # the function a named tool choice calls
 
 
@@ -52,14 +56,17 @@ def constraint_for(body: SamplingFields) -> Constraint:
         found.append(("regex", Constraint({"regex": body.regex})))
     if body.ebnf is not None:
         found.append(("ebnf", Constraint({"ebnf": body.ebnf})))
+    auto = None
     if isinstance(body, ChatCompletionRequest):
         c = _tools(body)
-        if c.tool is not None:
+        if c.tool == "auto":
+            auto = c  # only when nothing else constrains the output: then the text stays free
+        elif c.tool is not None:
             found.append(("tool_choice", c))
     if len(found) > 1:
         names = " and ".join(name for name, _ in found)
         raise APIError(400, f"{names}: give at most one output constraint", found[1][0])
-    return found[0][1] if found else Constraint({})
+    return found[0][1] if found else auto or Constraint({})
 
 
 def _response_format(body: SamplingFields) -> Constraint:
@@ -84,6 +91,10 @@ def _tools(body: ChatCompletionRequest) -> Constraint:
     for i, tool in enumerate(tools):
         if tool.type != "function":
             raise APIError(400, f"tools[{i}].type must be function, got {tool.type!r}", f"tools[{i}].type")
+        params = tool.function.parameters
+        if params is not None and (not isinstance(params, dict) or params.get("type", "object") != "object"):
+            raise APIError(400, f"tools[{i}].function.parameters must be a JSON Schema of an object "
+                                f"(type object), got {params!r}"[:300], f"tools[{i}].function.parameters")
     names = [t.function.name for t in tools]
     if len(set(names)) != len(names):
         raise APIError(400, "tools: function names must be unique", "tools")
@@ -94,11 +105,10 @@ def _tools(body: ChatCompletionRequest) -> Constraint:
     if not tools:
         raise APIError(400, "tool_choice needs tools", "tool_choice")
     if choice == "auto":
-        raise APIError(400, "tool_choice 'auto' is not supported (it needs a parser for each model's tool-call "
-                            "format); name a function or use 'required'", "tool_choice")
+        return Constraint({}, tool="auto")
     if choice == "required":
         options = [{"type": "object", "properties": {"name": {"const": t.function.name},
-                                                     "arguments": _parameters(t.function.parameters)},
+                                                     "arguments": _parameters(t)},
                     "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
         schema = options[0] if len(options) == 1 else {"anyOf": options}
         return Constraint({"json_schema": json.dumps(schema)}, tool="required")
@@ -109,12 +119,29 @@ def _tools(body: ChatCompletionRequest) -> Constraint:
         raise APIError(400, f"tool_choice names function {choice.function.name!r}, which is not in tools",
                        "tool_choice")
     tool = tools[names.index(choice.function.name)]
-    return Constraint({"json_schema": json.dumps(_parameters(tool.function.parameters))}, tool="named",
-                      function=tool.function.name)
+    return Constraint({"json_schema": json.dumps(_parameters(tool))}, tool="named", function=tool.function.name)
 
 
-def _parameters(schema: dict | None) -> dict:
-    return schema if schema else {"type": "object", "properties": {}}
+def _parameters(tool: Tool) -> dict:
+    schema = tool.function.parameters or {"type": "object", "properties": {}}
+    return _closed(schema) if tool.function.strict else schema
+
+
+def _closed(schema: object) -> object:
+    """Strict mode: every object schema without its own additionalProperties gets false."""
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _closed(v) for k, v in schema.items()}
+    if out.get("type") == "object" and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def tool_specs(body: ChatCompletionRequest) -> list[ToolSpec]:
+    """The request's tools as the parsers and the grammar take them (strict applied)."""
+    return [ToolSpec(t.function.name, _parameters(t)) for t in body.tools or []]
 
 
 def tool_calls(constraint: Constraint, text: str) -> list[ToolCall] | None:

@@ -107,8 +107,10 @@ def test_required_tool_choice_and_streaming(client: openai.OpenAI) -> None:
                                                  tool_choice={"type": "function", "function": {"name": "get_weather"}},
                                                  temperature=0, stream=True))
     calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-    assert len(calls) == 1 and calls[0].function.name == "get_weather"
-    json.loads(calls[0].function.arguments)
+    # As OpenAI streams a call: id, type and name first (arguments ""), then argument fragments.
+    assert calls[0].id and calls[0].type == "function" and calls[0].function.name == "get_weather"
+    assert calls[0].function.arguments == "" and all(tc.index == 0 and tc.id is None for tc in calls[1:])
+    json.loads("".join(tc.function.arguments for tc in calls))
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 

@@ -1,0 +1,33 @@
+"""Gemma 3: Python calls in a `tool_code` fence,
+
+    ```tool_code
+    get_weather(city="Paris")
+    ```
+
+the form of Google's Gemma 3 function-calling examples (results go back in a `tool_output`
+fence). Gemma has no tool token; a fence that does not hold calls of the request's tools stays
+content. One call per line or a list of calls; sent whole once the fence closes."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from server.tool_parsers.base import PENDING, Block, ToolParser
+from server.tool_parsers.python_calls import read_calls
+
+OPEN, CLOSE = "```tool_code", "```"
+
+
+class GemmaParser(ToolParser):
+    name: ClassVar[str] = "gemma"
+    opening: ClassVar[str] = r"```tool_code"
+    trigger: ClassVar[str] = OPEN
+    constrained: ClassVar[bool] = False
+
+    def read_block(self, text: str, start: int, final: bool) -> Block | str | None:
+        body = start + len(OPEN)
+        close = text.find(CLOSE, body)
+        if close < 0:
+            return None if final else PENDING
+        calls = read_calls(text[body:close], self.known)
+        return Block(calls, close + len(CLOSE)) if calls else None

@@ -1,0 +1,27 @@
+"""Pythonic calls: `[get_weather(city="Paris"), get_time(tz="CET")]` (Llama 3.2 / Llama 4's
+pythonic templates, and the Python-style form of Gemma's function-calling guide). Arguments are
+Python, not JSON text, so a call is sent whole once its list closes, and the grammar does not
+constrain them (see ToolParser.constrained)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from server.tool_parsers.base import PENDING, Block, ToolParser
+from server.tool_parsers.python_calls import bracket_end, read_calls
+
+
+class PythonicParser(ToolParser):
+    name: ClassVar[str] = "pythonic"
+    opening: ClassVar[str] = r"\[[ \t\n\r]*[A-Za-z_][A-Za-z0-9_.]*[ \t\n\r]*\("
+    trigger: ClassVar[str] = "["
+    constrained: ClassVar[bool] = False
+
+    def read_block(self, text: str, start: int, final: bool) -> Block | str | None:
+        end = bracket_end(text, start)
+        if end is None:
+            return None if final else PENDING
+        if end < 0:
+            return None
+        calls = read_calls(text[start:end], self.known)
+        return Block(calls, end) if calls else None
