@@ -26,6 +26,9 @@ class MatchResult(NamedTuple):
 
 class BasePrefixCache(ABC):
     page_size: int
+    # False for a cache that keeps nothing (NoPrefixCache): a running request's KV is then never
+    # handed over early, since the cache would free slots the request still reads.
+    shares: bool = True
 
     @abstractmethod
     def match_prefix(self, token_ids: Sequence[int], extra_key: ExtraKey = None) -> MatchResult: ...

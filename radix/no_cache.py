@@ -18,6 +18,7 @@ _EMPTY = torch.empty(0, dtype=torch.int64)
 
 class NoPrefixCache(BasePrefixCache):
     ROOT = object()
+    shares = False
 
     def __init__(self, allocator: SlotAllocator, page_size: int = 1) -> None:
         self.allocator = allocator

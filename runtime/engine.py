@@ -17,13 +17,11 @@ from dataclasses import replace
 
 import torch
 
-from radix import NoPrefixCache, RadixCache, SlotAllocator
 from runtime.default_model import resolve_model_path
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.engine_args import EngineArgs
 from runtime.engine_loop import EngineLoop
 from runtime.host_threads import serial_on_this_thread
-from runtime.kv_manager import KVManager
 from runtime.model_runner import ModelRunner, RunnerConfig, load_config
 from runtime.output import Output
 from runtime.request import Req
@@ -35,7 +33,6 @@ from runtime.tokenizer import Tokenizer
 logger = logging.getLogger(__name__)
 ParamsLike = SamplingParams | dict | None
 Sink = Callable[[Output], None]
-MAX_DEFAULT_CONTEXT = 32768
 
 
 class QueueFullError(RuntimeError):
@@ -54,7 +51,7 @@ class Engine:
         self.tokenizer = Tokenizer(self.model_path, getattr(config, "model_type", ""))
         with serial_on_this_thread():  # the engine thread's OpenMP pool stays the only one
             self._build(config)
-        self.loop = EngineLoop(self.runner, self.tokenizer, self.scheduler, self.context_len,
+        self.loop = EngineLoop(self.runner, self.tokenizer, self.scheduler, self.kv, self.context_len,
                                overlap=self.args.overlap_on(self.device.type))
         # New requests not yet admitted, counted at once (the loop's stats lag a step behind).
         self._queued = 0
@@ -67,22 +64,21 @@ class Engine:
         self._closed = False
 
     def _build(self, config: object) -> None:
-        """The model runner (weights, KV pool, CUDA graphs), the prefix cache and the scheduler."""
+        """The model runner (weights, the KV state, CUDA graphs) and the scheduler."""
         a = self.args
-        page = a.page_size
-        model_max = int(getattr(config, "max_position_embeddings", MAX_DEFAULT_CONTEXT))
         self.runner = ModelRunner(RunnerConfig(
-            self.model_path, a.dtype, a.kv_cache_tokens, a.max_running_requests,
-            a.context_length or min(model_max, MAX_DEFAULT_CONTEXT), a.attention_backend, a.device, a.load_format,
-            page, a.kv_cache_memory_fraction, a.max_kv_cache_tokens,
-            None if a.disable_cuda_graph else a.cuda_graph_max_bs, a.quantization), config)
+            self.model_path, dtype=a.dtype, num_slots=a.kv_cache_tokens, max_requests=a.max_running_requests,
+            max_context=a.context_length, attention_backend=a.attention_backend, device=a.device,
+            load_format=a.load_format, page_size=a.page_size, kv_cache_memory_fraction=a.kv_cache_memory_fraction,
+            max_kv_cache_tokens=a.max_kv_cache_tokens,
+            cuda_graph_max_bs=None if a.disable_cuda_graph else a.cuda_graph_max_bs, quantization=a.quantization,
+            prefix_cache=a.enable_prefix_cache), config)
         self.device = self.runner.device
         self.context_len = self.runner.context_len
-        self.allocator = SlotAllocator(self.runner.num_slots, page)
-        self.cache = RadixCache(self.allocator, page) if a.enable_prefix_cache else NoPrefixCache(self.allocator, page)
-        kv = KVManager(self.allocator, self.cache, self.runner.table, a.enable_prefix_cache)
-        policy = SchedulePolicy(a.schedule_policy, self.cache, a.lpm_fallback_queue_len, page)
-        self.scheduler = Scheduler(a, kv, policy)
+        self.kv = self.runner.kv  # the KV state's one owner, handed to the scheduler and the loop
+        self.allocator, self.cache = self.kv.allocator, self.kv.cache  # read by stats and slot checks
+        policy = SchedulePolicy(a.schedule_policy, self.kv.cache, a.lpm_fallback_queue_len, a.page_size)
+        self.scheduler = Scheduler(a, self.kv, policy)
 
     # -- submitting ---------------------------------------------------------------------------------
 
@@ -133,7 +129,7 @@ class Engine:
                 stops = sorted(self.tokenizer.eos_token_ids)
                 self._grammars = Grammars(self.tokenizer.hf, self.runner.vocab_size, stops)
                 self.loop.grammar_mask = self._grammars.mask
-        return self._grammars.compile(*constraint)
+        return self._grammars.compile(*constraint, skip_special_tokens=params.skip_special_tokens)
 
     def _dequeued(self, req: Req) -> None:
         with self._queue_lock:

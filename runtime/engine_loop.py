@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime.forward_batch import BatchEntry, HostBatch
+from runtime.kv import KVManager
 from runtime.model_runner import ModelRunner
 from runtime.output_processor import OutputProcessor, StepOutputs
 from runtime.request import Req, ReqState
@@ -56,8 +57,8 @@ class LaunchedStep:
 
 
 class EngineLoop:
-    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, scheduler: Scheduler, context_len: int,
-                 overlap: bool = False) -> None:
+    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, scheduler: Scheduler, kv: KVManager,
+                 context_len: int, overlap: bool = False) -> None:
         self.runner = runner
         # Overlap: step n+1 is planned and launched before step n's tokens are read on the host;
         # `_inflight` is the launched step whose tokens the host has not read yet.
@@ -65,11 +66,11 @@ class EngineLoop:
         self._inflight: LaunchedStep | None = None
         self.timings: StepTimings | None = None  # set by benchmarks (runtime/step_timing.py)
         self.scheduler = scheduler
-        self.kv = scheduler.kv  # the one owner of the allocator, the prefix cache and the slot table
+        self.kv = kv  # the KV state's one owner (runtime/kv/)
         self.sampler = Sampler(set(tokenizer.eos_token_ids))
         # Set by the Engine once a constrained request exists (runtime.grammar.Grammars.mask).
         self.grammar_mask: Callable[[torch.Tensor, list], None] = lambda logits, matchers: None
-        self.output = OutputProcessor(scheduler, set(tokenizer.eos_token_ids), context_len)
+        self.output = OutputProcessor(scheduler, kv, set(tokenizer.eos_token_ids), context_len)
         self.requests = self.output.requests
         self.inbox: queue.Queue[Command | None] = queue.Queue()
         self.steps = 0

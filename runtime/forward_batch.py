@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels import AttentionMetadata
-from runtime.slot_table import ReqSlotTable
+from runtime.kv.slot_table import ReqSlotTable
 
 FUTURE = -1  # the placeholder id of a token still on the device (BatchEntry.future says which)
 

@@ -50,9 +50,7 @@ class DecodeGraphRunner:
         self.table = runner.table
         self.pad_slot = runner.pool.pad_slot
         self.device = runner.device
-        # The pad row reads one position: the pad slot.
-        self.table.write(self.table.pad_row, 0, torch.tensor([self.pad_slot], dtype=torch.int64))
-        self.table.sync()
+        # The table's pad row reads one position, the pool's pad slot (runtime/kv/slot_table.py).
         self.sizes = capture_sizes(max_bs)
         self.steps: dict[int, _SizedStep] = {}
         for size in self.sizes:

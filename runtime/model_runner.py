@@ -16,15 +16,13 @@ from runtime.cpu_precision import resolve_precision
 from runtime.device import DTYPES, host_available_bytes, resolve_device, resolve_dtype  # noqa: F401 - re-exported
 from runtime.forward_batch import BatchEntry, ForwardBatch, HostBatch
 from runtime.graph_runner import DecodeGraphRunner
-from runtime.kv_pool import KVPool, kv_bytes_per_token, plan_kv_tokens
+from runtime.kv import KVManager, KVPool, KVShape, ReqSlotTable, build_kv, context_length, plan_kv_tokens
 from runtime.layers.dual_linear import use_dual_linears
 from runtime.layers.int8_linear import int8_kernel, quantize_linears
 from runtime.layers.output_layer import OutputLayer
 from runtime.layers.packed_linear import Kernel, copies_fit, linear_kernel, pack_linears, packing_supported
 from runtime.models import model_class
-from runtime.models.llama import head_dim_of
 from runtime.models.weights import dummy_init, iterate_weights
-from runtime.slot_table import ReqSlotTable
 
 logger = logging.getLogger(__name__)
 GiB = 2**30
@@ -58,9 +56,9 @@ def load_model(folder: Path, config: object, dtype: torch.dtype, device: torch.d
 class RunnerConfig:
     model_path: Path
     dtype: str = "auto"
-    num_slots: int | None = 4096  # None: size the pool from free memory (see kv_pool.plan_kv_tokens)
+    num_slots: int | None = 4096  # None: size the pool from free memory (runtime/kv/pool.py: plan_kv_tokens)
     max_requests: int = 64
-    max_context: int = 4096
+    max_context: int | None = 4096  # None: the model's own (runtime/kv/build.py: context_length)
     attention_backend: str = "auto"
     device: str = "cpu"
     load_format: str = "auto"
@@ -69,6 +67,7 @@ class RunnerConfig:
     max_kv_cache_tokens: int | None = None
     cuda_graph_max_bs: int | None = None  # capture decode graphs up to this batch size (CUDA only)
     quantization: str | None = None  # "int8": weight-only int8 linear layers (CPU, bf16)
+    prefix_cache: bool = True  # share KV of common prefixes (else a cache that keeps nothing)
 
 
 class ModelRunner:
@@ -84,14 +83,13 @@ class ModelRunner:
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.vocab_size: int = self.config.vocab_size
         c = self.config
-        per_token = kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, head_dim_of(c), self.dtype)
-        num_slots = plan_kv_tokens(self.device, per_token, cfg.page_size, cfg.num_slots,
+        shape = KVShape.of(c, self.dtype, self.device)
+        num_slots = plan_kv_tokens(self.device, shape.bytes_per_token, cfg.page_size, cfg.num_slots,
                                    cfg.kv_cache_memory_fraction, cfg.max_kv_cache_tokens)
-        model_max = int(getattr(c, "max_position_embeddings", cfg.max_context))
-        self.context_len = min(cfg.max_context, model_max, num_slots)
-        self.pool = KVPool(c.num_hidden_layers, num_slots, c.num_key_value_heads, head_dim_of(c), self.dtype,
-                           self.device)
-        self.table = ReqSlotTable(cfg.max_requests, self.context_len, self.device)
+        self.context_len = context_length(cfg.max_context, c, num_slots)
+        # The KV state's one owner; the runner reads its pool and table, the scheduler asks it.
+        self.kv: KVManager = build_kv(shape, num_slots, cfg.page_size, cfg.max_requests, self.context_len,
+                                      cfg.prefix_cache)
         self.backend = get_attention_backend(cfg.attention_backend, self.device.type)
         self.softcap: float | None = getattr(c, "final_logit_softcapping", None)
         self.output_layer = OutputLayer(output_ways)
@@ -132,6 +130,14 @@ class ModelRunner:
     @property
     def num_slots(self) -> int:
         return self.pool.num_slots
+
+    @property
+    def pool(self) -> KVPool:
+        return self.kv.pool
+
+    @property
+    def table(self) -> ReqSlotTable:
+        return self.kv.table
 
     def run(self, entries: list[BatchEntry], future_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, HostBatch]:
         """Logits for a step's entries (kernel order) and the step's layout: a decode step replays

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from runtime.kv import KVManager
 from runtime.output import Logprobs, Output
 from runtime.request import Req, ReqState
 from runtime.sampler import PendingSample
@@ -28,8 +29,9 @@ class StepOutputs:
 
 
 class OutputProcessor:
-    def __init__(self, scheduler: Scheduler, eos_token_ids: set[int], context_len: int) -> None:
+    def __init__(self, scheduler: Scheduler, kv: KVManager, eos_token_ids: set[int], context_len: int) -> None:
         self.scheduler = scheduler
+        self.kv = kv
         self.eos_token_ids = eos_token_ids
         self.context_len = context_len
         self.requests: dict[str, Req] = {}  # every request not yet finished, by rid
@@ -42,7 +44,7 @@ class OutputProcessor:
         The scheduler may plan the next step from here on, before the tokens reach the host.
         """
         for req, entry in zip(plan.reqs, plan.entries):
-            req.kv_len += len(entry.token_ids)
+            self.kv.computed(req, len(entry.token_ids))
             if req.kv_len >= len(req.prompt_ids) and req.logprobs is not None:
                 req.prompt_logprobs_done = True
         for j, req in enumerate(out.generating):
@@ -69,7 +71,7 @@ class OutputProcessor:
             if req.params.max_new_tokens == 0:
                 self.finish(req, "length")  # prefill only (e.g. warming a shared prefix)
             elif req.state is ReqState.RUNNING and req in finished_prefill:
-                self.scheduler.kv.cache_unfinished(req)  # others with this prompt hit it from now on
+                self.kv.cache_unfinished(req)  # others with this prompt hit it from now on
 
     def _apply_prompt_logprobs(self, req: Req, values: list, tops: list) -> None:
         if req.logprobs is None:

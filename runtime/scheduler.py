@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from runtime.engine_args import EngineArgs
 from runtime.forward_batch import FUTURE, BatchEntry
-from runtime.kv_manager import KVManager
+from runtime.kv import KVManager
 from runtime.output import Logprobs
 from runtime.request import Req, ReqState
 from runtime.schedule_policy import SchedulePolicy

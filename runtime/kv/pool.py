@@ -4,7 +4,7 @@ Slots are grouped in pages by the allocator (radix.SlotAllocator); the pool itse
 Zero-filled, so a padded gather never reads NaNs from uninitialised memory. Sized after the
 weights are loaded (`plan_kv_tokens`), from what memory is left. One slot past the allocator's
 range, `pad_slot`, is never handed out: the padding rows of a CUDA-graph decode batch write their
-K/V there (runtime/graph_runner.py), so they can never touch a request's KV.
+K/V there (runtime/graph_runner.py; the slot table's pad row points at it), so they can never touch a request's KV.
 """
 
 from __future__ import annotations
@@ -12,10 +12,6 @@ from __future__ import annotations
 import torch
 
 from runtime.device import default_kv_fraction, default_max_kv_tokens, free_bytes
-
-
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    return 2 * num_layers * num_kv_heads * head_dim * torch.tensor([], dtype=dtype, device="cpu").element_size()
 
 
 def plan_kv_tokens(device: torch.device, per_token: int, page_size: int, tokens: int | None,

@@ -9,7 +9,8 @@ they are the same tensor. On a GPU, writes are logged and `sync()` applies all o
 writes with one upload and one scatter, before the step's forward.
 
 One row past `max_requests`, `pad_row`, belongs to no request: the padding rows of a CUDA-graph
-decode batch read it (runtime/graph_runner.py points its first column at the pool's pad slot).
+decode batch read it (runtime/graph_runner.py). Its first column holds the pool's pad slot, so a
+padding request reads and writes only that slot.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import torch
 
 
 class ReqSlotTable:
-    def __init__(self, max_requests: int, max_context: int, device: torch.device | str = "cpu") -> None:
+    def __init__(self, max_requests: int, max_context: int, device: torch.device | str = "cpu",
+                 pad_slot: int = 0) -> None:
         self.max_context = max_context
         self.device = torch.device(device)
         self.pad_row = max_requests
@@ -26,6 +28,8 @@ class ReqSlotTable:
         self.device_table = self.table if self.device.type == "cpu" else self.table.to(self.device)
         self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (rows, columns, slots) not yet on the device
         self._free_rows = list(range(max_requests - 1, -1, -1))
+        self.table[self.pad_row, 0] = pad_slot
+        self.device_table[self.pad_row, 0] = pad_slot
 
     def available(self) -> int:
         return len(self._free_rows)

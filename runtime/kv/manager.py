@@ -1,8 +1,10 @@
-"""Cache bookkeeping for requests: match a prefix, grow a request's slots, hand KV to the radix cache.
+"""Cache bookkeeping for requests: match a prefix, grow a request's slots, hand KV to the prefix cache.
 
 Every slot is in exactly one place: free in the allocator, held by the prefix cache, or held by
-a running request (its table row from `locked_len` up to `allocated`). These methods are the
-only ones that move slots between those places.
+a running request (its table row from `locked_len` up to `allocated`). The manager owns the
+pool, the table, the allocator and the cache (built together by runtime/kv/build.py), and its
+methods are the only code that moves slots between those places or writes a request's KV fields
+(`row`, `kv_len`, `allocated`, `locked_len`, `locked_node`).
 """
 
 from __future__ import annotations
@@ -10,18 +12,18 @@ from __future__ import annotations
 import torch
 
 from radix import BasePrefixCache, SlotAllocator
+from runtime.kv.pool import KVPool
+from runtime.kv.slot_table import ReqSlotTable
 from runtime.request import Req
-from runtime.slot_table import ReqSlotTable
 
 
 class KVManager:
-    def __init__(self, allocator: SlotAllocator, cache: BasePrefixCache, table: ReqSlotTable,
-                 enable_prefix_cache: bool) -> None:
+    def __init__(self, pool: KVPool, table: ReqSlotTable, allocator: SlotAllocator, cache: BasePrefixCache) -> None:
+        self.pool = pool
+        self.table = table
         self.allocator = allocator
         self.cache = cache
-        self.table = table
         self.page = allocator.page_size
-        self.enable_prefix_cache = enable_prefix_cache
 
     # -- sizes -------------------------------------------------------------------------------------
 
@@ -80,11 +82,19 @@ class KVManager:
             self.cache.evict(n - self.allocator.available())
         return self.allocator.alloc(n)
 
+    def computed(self, req: Req, num_tokens: int) -> None:
+        """A launched step wrote `num_tokens` more of the request's KV into its slots. A request
+        that let go of its slots meanwhile (finished, or retracted while the step ran) keeps none."""
+        if req.row is None:
+            return
+        req.kv_len += num_tokens
+        assert req.kv_len <= req.allocated, "KV written past the slots a request holds"
+
     # -- handing KV to the cache -------------------------------------------------------------------
 
     def cache_unfinished(self, req: Req) -> None:
         """Share a running request's computed prefix now (others with the same prompt hit it)."""
-        if not self.enable_prefix_cache or req.row is None:
+        if not self.cache.shares or req.row is None:
             return
         ids = req.all_ids[: req.kv_len]
         slots = self.table.read(req.row, req.kv_len)
@@ -99,16 +109,17 @@ class KVManager:
         req.locked_node, req.locked_len = match.node, len(match.indices)
 
     def release(self, req: Req) -> None:
-        """A request leaves the running set (finished, aborted or retracted): cache its KV, free the rest."""
+        """A request leaves the running set (finished, aborted or retracted): cache its KV, free the rest.
+
+        The cache takes the whole pages of computed KV (a cache that shares nothing frees them at
+        once); the request frees its duplicates of what the cache already had, and the rest.
+        """
         if req.row is None:
             return
         slots = self.table.read(req.row, req.allocated).clone()
         keep = req.kv_len // self.page * self.page
-        if self.enable_prefix_cache:
-            k = self.cache.insert(req.all_ids[:keep], slots[:keep], req.extra_key)
-            self.allocator.free(slots[req.locked_len : max(k, req.locked_len)])
-        else:
-            keep = req.locked_len  # nothing was locked: this is 0
+        k = self.cache.insert(req.all_ids[:keep], slots[:keep], req.extra_key)
+        self.allocator.free(slots[req.locked_len : max(k, req.locked_len)])
         self.allocator.free(slots[keep:])
         self.cache.unlock(req.locked_node)
         self.table.free_row(req.row)
