@@ -20,6 +20,9 @@ import threading
 
 import torch
 
+from runtime.grammar_vocab import tokenizer_info
+from runtime.json_grammar import json_schema_ebnf
+
 # `response_format: {"type": "json_object"}` asks for an object, not any JSON value.
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 
@@ -31,26 +34,38 @@ class Grammars:
         self._xgr = xgr
         if hf_tokenizer is None:
             raise ValueError("constrained decoding needs the model's tokenizer; this model folder has none")
-        info = xgr.TokenizerInfo.from_huggingface(hf_tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+        self._tokenizer, self._stop_token_ids = hf_tokenizer, stop_token_ids
         self.vocab_size = vocab_size
-        self.compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=True)
+        # One compiler per view of special tokens (runtime/grammar_vocab.py); the usual one now.
+        self._compilers: dict[bool, object] = {}
+        self.compiler = self._compiler(skip_special_tokens=True)
         self.batch = xgr.BatchGrammarMatcher(max_threads="auto")  # fills many rows' masks in parallel
         self._lock = threading.Lock()  # compile from any thread, one at a time
 
-    def compile(self, kind: str, source: str) -> object:
-        """A compiled grammar for a constraint; a ValueError naming the field when it is invalid."""
+    def _compiler(self, skip_special_tokens: bool) -> object:
+        if skip_special_tokens not in self._compilers:
+            info = tokenizer_info(self._tokenizer, self.vocab_size, self._stop_token_ids, skip_special_tokens)
+            self._compilers[skip_special_tokens] = self._xgr.GrammarCompiler(info, max_threads=2, cache_enabled=True)
+        return self._compilers[skip_special_tokens]
+
+    def compile(self, kind: str, source: str, skip_special_tokens: bool = True) -> object:
+        """A compiled grammar for a constraint; a ValueError naming the field when it is invalid.
+
+        skip_special_tokens: the request's; it decides whether special tokens are text to the grammar."""
         try:
             with self._lock:
+                compiler = self._compiler(skip_special_tokens)
                 if kind == "regex":
-                    return self.compiler.compile_regex(source)
+                    return compiler.compile_regex(source)
                 if kind == "json_schema":
                     json.loads(source)  # a clear message for what is not JSON at all
-                    return self.compiler.compile_json_schema(source, any_whitespace=False, strict_mode=True)
+                    # xgrammar's schema conversion, with its string rules made strict (runtime/json_grammar.py)
+                    return compiler.compile_grammar(json_schema_ebnf(source, any_whitespace=False, strict_mode=True))
                 if kind == "ebnf":
-                    return self.compiler.compile_grammar(source)
+                    return compiler.compile_grammar(source)
                 if kind == "structural_tag":
                     json.loads(source)
-                    return self.compiler.compile_structural_tag(source)
+                    return compiler.compile_structural_tag(source)
         except (ValueError, self._xgr.InvalidStructuralTagError) as exc:
             raise ValueError(f"{kind}: {exc}") from exc
         except RuntimeError as exc:  # xgrammar reports parse errors this way, after a source location
