@@ -21,7 +21,7 @@ from runtime.default_model import resolve_model_path
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.engine_args import EngineArgs
 from runtime.engine_loop import EngineLoop
-from runtime.host_threads import serial_on_this_thread
+from runtime.cpu import serial_on_this_thread
 from runtime.model_runner import ModelRunner, RunnerConfig, load_config
 from runtime.output import Output
 from runtime.request import Req

@@ -62,7 +62,7 @@ class EngineArgs:
             raise ValueError(f"kv_cache_memory_fraction must be in (0, 1), got {self.kv_cache_memory_fraction}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
-        if self.quantization not in (None, "int8"):
+        if self.quantization not in (None, "int8"):  # what it needs of the device: runtime/cpu/prepare.py
             raise ValueError(f"quantization must be int8 or unset, got {self.quantization!r}")
         if self.overlap_schedule not in ("auto", "on", "off"):
             raise ValueError(f"overlap_schedule must be auto, on or off, got {self.overlap_schedule!r}")

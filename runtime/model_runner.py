@@ -12,15 +12,13 @@ from torch import nn
 
 from kernels import get_attention_backend
 from runtime.context import ForwardContext, forward_context
-from runtime.cpu_precision import resolve_precision
-from runtime.device import DTYPES, host_available_bytes, resolve_device, resolve_dtype  # noqa: F401 - re-exported
+from runtime import cpu
+from runtime.cpu import resolve_precision
+from runtime.device import DTYPES, resolve_device, resolve_dtype  # noqa: F401 - re-exported
 from runtime.forward_batch import BatchEntry, ForwardBatch, HostBatch
 from runtime.graph_runner import DecodeGraphRunner
 from runtime.kv import KVManager, KVPool, KVShape, ReqSlotTable, build_kv, context_length, plan_kv_tokens
-from runtime.layers.dual_linear import use_dual_linears
-from runtime.layers.int8_linear import int8_kernel, quantize_linears
 from runtime.layers.output_layer import OutputLayer
-from runtime.layers.packed_linear import Kernel, copies_fit, linear_kernel, pack_linears, packing_supported
 from runtime.models import model_class
 from runtime.models.weights import dummy_init, iterate_weights
 
@@ -77,9 +75,11 @@ class ModelRunner:
         self.device = resolve_device(cfg.device)
         self.precision = resolve_precision(cfg.dtype, self.device, int(getattr(self.config, "hidden_size", 640)))
         self.dtype = self.precision.dtype
-        self.quantization = _check_quantization(cfg.quantization, self.device, self.dtype)
+        cpu.check_quantization(cfg.quantization, self.device, self.dtype)
         self.model = load_model(cfg.model_path, self.config, self.dtype, self.device, cfg.load_format)
-        output_ways = self._prepare_cpu_linears() if self.device.type == "cpu" else {}
+        # The CPU's own linear layers and output layer (runtime/cpu/); elsewhere plain ones.
+        self.output_layer = (cpu.prepare(self.model, self.precision, cfg.quantization)
+                             if self.device.type == "cpu" else OutputLayer())
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.vocab_size: int = self.config.vocab_size
         c = self.config
@@ -92,33 +92,12 @@ class ModelRunner:
                                       cfg.prefix_cache)
         self.backend = get_attention_backend(cfg.attention_backend, self.device.type)
         self.softcap: float | None = getattr(c, "final_logit_softcapping", None)
-        self.output_layer = OutputLayer(output_ways)
         self.graphs: DecodeGraphRunner | None = None
         if self.device.type == "cuda" and cfg.cuda_graph_max_bs:
             self.graphs = self._capture(min(cfg.cuda_graph_max_bs, cfg.max_requests))
         logger.info("loaded %s on %s (%s, %s attention) in %.1fs: weights %.2f GiB, KV pool %.2f GiB = %d tokens",
                     cfg.model_path.name, self.device, str(self.dtype).removeprefix("torch."), self.backend.name,
                     time.perf_counter() - start, weights / GiB, self.pool.nbytes() / GiB, num_slots)
-
-    def _prepare_cpu_linears(self) -> dict[str, Kernel]:
-        """Prepack the linear layers for oneDNN (or make fp32 + bf16 pairs, runtime/cpu_precision.py);
-        returns the extra ways the output layer may take, timed at run time against plain linear."""
-        weight, lowp = self.model.output_weight, self.precision.lowp_rows
-        ways: dict[str, Kernel] = {}
-        if self.quantization == "int8":  # opt-in: int8 weights for few rows, packed bf16 for more
-            quantize_linears(self.model, packing_supported(self.dtype) and copies_fit(self.model, host_available_bytes()))
-            ways["int8"] = int8_kernel(weight, None)
-        elif lowp:  # fp32 with bf16 weight copies for few-row products
-            use_dual_linears(self.model, lowp)
-            lowp_kernel = linear_kernel(weight.detach().to(torch.bfloat16), None, packing_supported(torch.bfloat16))
-            ways["bf16 copy"] = lambda hidden: lowp_kernel(hidden.to(torch.bfloat16))
-        elif copies_fit(self.model, host_available_bytes()):
-            pack_linears(self.model, self.dtype)
-        else:
-            logger.info("linear layers left unpacked: packed copies would take too much of the RAM available")
-        if packing_supported(self.dtype):
-            ways["onednn packed"] = linear_kernel(weight, None, packed=True)
-        return ways
 
     def _capture(self, max_bs: int) -> DecodeGraphRunner | None:
         try:
@@ -163,15 +142,3 @@ class ModelRunner:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
-
-def _check_quantization(name: str | None, device: torch.device, dtype: torch.dtype) -> str | None:
-    if name is None:
-        return None
-    if name != "int8":
-        raise ValueError(f"quantization must be int8 or unset, got {name!r}")
-    if device.type != "cpu":
-        raise ValueError("quantization int8 is implemented for the CPU only (use bf16 on a GPU)")
-    if dtype != torch.bfloat16:
-        raise ValueError(f"quantization int8 needs bf16 activations, and the dtype here is {dtype} "
-                         "(use --dtype bfloat16, or auto on a CPU with bf16 units)")
-    return name

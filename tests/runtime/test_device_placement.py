@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from runtime import Engine
-from runtime.cpu_precision import choose
+from runtime.cpu.precision import choose
 from runtime.device import resolve_device
 from tests.runtime.engine_helpers import assert_slots_balanced, shared_prefix_prompts
 from tests.tiny_models import save_tiny_model, tiny_config

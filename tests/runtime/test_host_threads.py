@@ -1,4 +1,4 @@
-"""Building an engine starts no OpenMP pool on the caller's thread (runtime/host_threads.py says why).
+"""Building an engine starts no OpenMP pool on the caller's thread (runtime/cpu/host_threads.py says why).
 
 A second pool makes libgomp throttle its waits and every small op of the engine thread slower.
 Checked by counting the process's OS threads in a fresh interpreter: building the engine may

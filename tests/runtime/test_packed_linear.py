@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.layers.packed_linear import PackedLinear, copies_fit, pack_linears, packing_supported
+from runtime.cpu.kernel_linear import copies_fit, packing_supported
+from runtime.cpu.packed_linear import PackedLinear, pack_linears
 from runtime.model_runner import ModelRunner, RunnerConfig
 from tests.tiny_models import save_tiny_model
 

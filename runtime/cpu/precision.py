@@ -1,6 +1,6 @@
 """`--dtype auto` on the CPU: chosen at startup from what the cores can do, by a short measurement.
 
-No single dtype wins everywhere (../shared/PEERS.md): on CPUs with bf16 units (AVX-512 bf16,
+No single dtype wins everywhere (README, "CPU serving", has the peers' figures per CPU kind): on CPUs with bf16 units (AVX-512 bf16,
 AMX) bf16 matmul is 2-7x faster than fp32 and bf16 wins every figure; on AVX2-only CPUs torch's
 bf16 matmul runs at a sixth of fp32's rate, so fp32 wins prompt processing and batched decoding,
 while one stream, which only reads weights, still runs nearly twice as fast from bf16 weights
@@ -8,9 +8,9 @@ while one stream, which only reads weights, still runs nearly twice as fast from
 (1-16 rows) in both dtypes, on the model's own widths, and picks:
 - bf16, where bf16 matrix-matrix work is at least BF16_GEMM_SHARE of fp32's rate;
 - otherwise fp32 activations and weights, plus bf16 copies of the weights used for products with
-  at most `lowp_rows` rows, where those measured faster in bf16 (runtime/layers/dual_linear.py).
+  at most `lowp_rows` rows, where those measured faster in bf16 (runtime/cpu/dual_linear.py).
 The choice and its figures are logged (and in /get_server_info's `dtype_choice`). The engine is
-built on one intra-op thread (runtime/host_threads.py), so the rates are one core's: what is
+built on one intra-op thread (runtime/cpu/host_threads.py), so the rates are one core's: what is
 compared is the ratio between dtypes, a property of the cores. On CUDA `auto` is bf16.
 """
 

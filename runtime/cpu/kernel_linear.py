@@ -1,27 +1,27 @@
-"""CPU linear layers over weights prepacked once for oneDNN (the blocked layout its kernels read).
+"""The shared base of the CPU linear layers, and oneDNN weight packing.
 
-`F.linear` hands oneDNN a plain row-major weight every call, and oneDNN reorders it on the fly.
-Packed once at load (`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU
-freezing uses), the same products ran about twice as fast on a 2-core Zen 4, most at few rows:
-18 Gemma-sized gate/up projections at one row 5.8 -> 2.9-3.2 ms (bf16), the 262k-row output layer
-12-19 -> 9 ms, fp32 2.7x faster; still 1.1-1.4x at 16-64 rows and even at 512. In bf16 the results
-are bitwise those of `F.linear`. Where this torch build or CPU lacks the kernels (no oneDNN, or
-no bf16 support in it), the layers stay plain. The plain weights stay too (parameters, state
-dicts and checkpoints read them), so packing doubles the layers' weight memory: the runner packs
-only where that is a small share of the RAM available.
+`KernelLinear` is an nn.Linear whose weight and bias stay (parameters, state dicts and
+checkpoints read them) while its product is computed by kernels prepared from them at load;
+`swap_linears` puts such layers in place of a loaded model's plain ones (all but the output
+head). `linear_kernel` is one such kernel: `F.linear`, or oneDNN's product over a copy of the
+weight prepacked once (`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU
+freezing uses) in the blocked layout its kernels read. `F.linear` hands oneDNN a plain row-major
+weight every call and oneDNN reorders it on the fly, so packing pays most at few rows, where the
+product only streams the weight (README, "CPU serving", has the measured figures). In bf16 the
+packed results are bitwise those of `F.linear`. Where this torch build or CPU lacks the kernels
+(no oneDNN, or no bf16 support in it), layers stay plain. The plain weights stay too, so packing
+doubles the layers' weight memory: only where that is a small share of the RAM available.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-logger = logging.getLogger(__name__)
 Kernel = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -58,17 +58,6 @@ class KernelLinear(nn.Linear):
         self.shard_sizes = getattr(linear, "shard_sizes", None)
 
 
-class PackedLinear(KernelLinear):
-    """Computed from a oneDNN-packed copy of the weight."""
-
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__(linear)
-        self._kernel = linear_kernel(linear.weight, linear.bias, packed=True)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._kernel(x)
-
-
 def swap_linears(model: nn.Module, make: Callable[[nn.Linear], KernelLinear]) -> int:
     """Replace every plain nn.Linear of a loaded model but the output head by `make(layer)`; returns how many."""
     swaps = linears(model)
@@ -77,17 +66,9 @@ def swap_linears(model: nn.Module, make: Callable[[nn.Linear], KernelLinear]) ->
     return len(swaps)
 
 
-def pack_linears(model: nn.Module, dtype: torch.dtype) -> int:
-    """Swap every nn.Linear of a loaded CPU model for a PackedLinear; returns how many (0: unsupported)."""
-    if not packing_supported(dtype):
-        logger.info("oneDNN weight packing unavailable for %s here: plain linear layers", dtype)
-        return 0
-    return swap_linears(model, PackedLinear)
-
-
 def linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
     """(parent, attribute, layer) for every plain nn.Linear but the output head, whose weight the
-    runner's output layer reads itself (runtime/layers/output_layer.py)."""
+    runner's output layer reads itself (runtime/cpu/output_layer.py)."""
     return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
             if type(child) is nn.Linear and name != "lm_head"]
 

@@ -1,6 +1,6 @@
 """A linear layer with fp32 weights for matrix-matrix work and a bf16 copy for matrix-vector work.
 
-Used on CPUs without bf16 units (runtime/cpu_precision.py): there a product with many rows is
+Used on CPUs without bf16 units (runtime/cpu/precision.py): there a product with many rows is
 compute-bound and fp32 is several times faster, while one with a few rows only streams the
 weights, and bf16 weights halve the bytes. Activations stay fp32 in and out.
 """
@@ -10,14 +10,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.layers.packed_linear import KernelLinear, linear_kernel, packing_supported, swap_linears
+from runtime.cpu.kernel_linear import KernelLinear, linear_kernel, packing_supported, swap_linears
 
 
 class DualLinear(KernelLinear):
     """Its fp32 weight for many rows, a bf16 copy for few."""
 
     def __init__(self, linear: nn.Linear, lowp_rows: int, pack32: bool = False, pack16: bool = False) -> None:
-        """pack32 / pack16: use oneDNN-packed weights for that copy (runtime/layers/packed_linear.py)."""
+        """pack32 / pack16: use oneDNN-packed weights for that copy (runtime/cpu/kernel_linear.py)."""
         super().__init__(linear)
         self.lowp_rows = lowp_rows
         weight16 = linear.weight.detach().to(torch.bfloat16)

@@ -3,12 +3,11 @@
 libgomp gives every thread that starts a parallel region its own pool of worker threads, and once
 it manages more threads than the machine has CPUs it stops spinning between regions ("throttled"
 waits), so every small parallel op pays for waking its workers. Building the model on the
-caller's thread made that thread start a pool, and the engine thread then started a second one:
-on a 2-core Zen 4 the same decode step then ran 30-40% slower on the engine thread (default
-model, one stream 21-26 tok/s against 34-36 with the build kept serial; 16 streams 248-275
-against 347-351 tok/s, one run each way, alternated). So the engine is built with one intra-op
-thread on the caller's thread, which then never starts a pool of its own (unless the caller runs
-parallel torch work itself), and the engine thread's pool is the only one.
+caller's thread made that thread start a pool, and the engine thread then started a second one,
+and the same decode step ran markedly slower on the engine thread (README, "CPU serving"). So the
+engine is built with one intra-op thread on the caller's thread, which then never starts a pool of
+its own (unless the caller runs parallel torch work itself), and the engine thread's pool is the
+only one. tests/runtime/test_host_threads.py counts the threads.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """Weight-only int8 linear layers for the CPU (`--quantization int8`, opt-in: outputs change slightly).
 
 A decode step with few rows only streams weights, so int8 weights (symmetric, one scale per output
-channel) read half the bytes of bf16: on a 2-core Zen 4, 18 Gemma-sized gate/up projections at one
-row took 1.9 ms against 2.8 ms packed bf16, and the 262k-row output layer 5.4 ms against 9. From
-8 rows up torch's int8 kernel (`torch._weight_int8pack_mm`) is the slower one (3.7 vs 3.1 ms at
-8 rows, 6.7 vs 3.7 at 16), so layers use int8 for at most INT8_MAX_ROWS rows and their bf16
-weights above that; the output layer times its ways per batch size (runtime/layers/output_layer.py).
-Activations stay bf16 (torch's kernel is slow with fp32 ones).
+channel) read half the bytes of bf16. torch's int8 kernel (`torch._weight_int8pack_mm`) loses to
+packed bf16 once a product has more than a few rows, so layers use int8 for at most INT8_MAX_ROWS
+rows and their bf16 weights above that; the output layer times its ways per batch size
+(runtime/cpu/output_layer.py). Activations stay bf16 (torch's kernel is slow with fp32 ones).
+The measured figures are in the README ("CPU serving").
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.layers.packed_linear import Kernel, KernelLinear, linear_kernel, swap_linears
+from runtime.cpu.kernel_linear import Kernel, KernelLinear, linear_kernel, swap_linears
 
 INT8_MAX_ROWS = 4
 

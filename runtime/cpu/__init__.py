@@ -1,0 +1,17 @@
+"""Everything that exists only for the CPU, behind one door.
+
+- precision.py: `--dtype auto` chosen from matmul rates measured at startup;
+- host_threads.py: the engine is built serially so the engine thread's OpenMP pool is the only one;
+- kernel_linear.py: the shared base of the CPU linear layers, and oneDNN weight packing;
+- packed_linear.py, dual_linear.py, int8_linear.py: the layer kinds built on it;
+- output_layer.py: the output layer that times its ways per batch size;
+- prepare.py: `prepare(model, precision, quantization)`, the one call the model runner makes.
+A GPU reader can skip this folder: the runner is device-neutral but for that call.
+"""
+
+from runtime.cpu.host_threads import serial_on_this_thread
+from runtime.cpu.precision import MatmulRates, Precision, choose, measure_rates, resolve_precision
+from runtime.cpu.prepare import check_quantization, prepare
+
+__all__ = ["MatmulRates", "Precision", "check_quantization", "choose", "measure_rates", "prepare",
+           "resolve_precision", "serial_on_this_thread"]

@@ -1,0 +1,65 @@
+"""The output layer on the CPU: hidden -> vocabulary logits, computed the way this CPU does fastest.
+
+For a 262k-token vocabulary this is the largest matrix product of a decode step, and which torch
+call does it fastest depends on the machine: `weight @ hidden.T` (then made row-major) beat
+`linear` by almost 2x at batch 64 on one 2-core Zen 4 and lost by 2x at batch 16 on another,
+where the transposing copy cost more than the faster GEMM saved. So each batch-size bucket
+(powers of two) is timed once, every way, on the real weights the first time it is seen, and the
+fastest way is kept. runtime/cpu/prepare.py adds ways over weights it prepared at load: a
+oneDNN-packed copy, a bf16 copy of fp32 weights on CPUs without bf16 units, int8 weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from runtime.layers.output_layer import OutputLayer, linear_logits
+
+logger = logging.getLogger(__name__)
+
+
+def _transposed(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    # Row-major before anything reads rows of it (sampling gathers rows).
+    return torch.mm(weight, hidden.t()).t().contiguous().float()
+
+
+WAYS = {"linear": linear_logits, "weight@hidden.T": _transposed}
+
+
+class TimedOutputLayer(OutputLayer):
+    def __init__(self, extra_ways: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None) -> None:
+        """extra_ways: more candidates, hidden -> logits over weights prepared at load (a oneDNN-packed
+        copy, a bf16 copy of fp32 weights, int8 weights: runtime/cpu/prepare.py)."""
+        self.choice: dict[int, str] = {}  # batch-size bucket -> the faster way
+        self.ways = dict(WAYS)
+        for name, kernel in (extra_ways or {}).items():
+            self.ways[name] = lambda hidden, _weight, kernel=kernel: kernel(hidden).float()
+
+    def __call__(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        rows = hidden.shape[0]
+        if hidden.device.type != "cpu" or (rows == 1 and len(self.ways) == len(WAYS)):
+            return linear_logits(hidden, weight)
+        bucket = 1 << (rows - 1).bit_length()
+        way = self.choice.get(bucket)
+        if way is None:
+            way, logits = self._measure(bucket, hidden, weight)
+            return logits
+        return self.ways[way](hidden, weight)
+
+    def _measure(self, bucket: int, hidden: torch.Tensor, weight: torch.Tensor) -> tuple[str, torch.Tensor]:
+        times, logits = dict.fromkeys(self.ways, float("inf")), None
+        for _ in range(3):  # alternating, best of three: first runs of a shape pay for allocations
+            for name, way in self.ways.items():
+                start = time.perf_counter()
+                logits = way(hidden, weight)
+                times[name] = min(times[name], time.perf_counter() - start)
+        way = min(times, key=times.get)
+        self.choice[bucket] = way
+        logger.info("output layer, batch <= %d: %s (%s)", bucket, way,
+                    ", ".join(f"{n} {1e3 * t:.1f} ms" for n, t in times.items()))
+        assert logits is not None
+        return way, logits
