@@ -39,7 +39,7 @@ class BuiltinModel:
     install_hint: str  # how a user installs the parts
     chat_template: str | None = None  # None: keep the GGUF's own template
     generation_config: dict[str, object] = field(default_factory=dict)
-    tool_call_parser: str | None = None  # the tool-call syntax its chat template teaches
+    tool_call_parser: str | None = None  # the tool-call format it writes (server --tool-call-parser auto)
     extra_files: tuple[str, ...] = ()  # files the converted folder must hold besides the usual ones
 
     @property
@@ -122,7 +122,9 @@ QWEN2_5_CODER_0_5B_INSTRUCT = BuiltinModel(
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     install_hint="pip install -e '.[agent-model]' (or `make serve-agent`)",
     generation_config={"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643},
-    tool_call_parser="hermes",
+    # Hermes tags as the template teaches, and the bare or fenced call objects the model mostly
+    # writes instead (server/tool_parsers/qwen25_coder.py).
+    tool_call_parser="qwen25_coder",
     extra_files=("chat_template.jinja",),
 )
 

@@ -12,6 +12,7 @@ import msgspec
 from starlette.requests import Request
 
 from runtime import Engine
+from runtime.builtin_models import builtin_model
 from server.errors import APIError
 from server.metrics import Metrics
 
@@ -32,6 +33,10 @@ class ServerSettings:
     # Agents (README "Agents"): the model's tool-call and reasoning formats; auto reads the chat template.
     tool_call_parser: str = "auto"
     reasoning_parser: str = "auto"
+    # Responses API (server/response_store.py): how many answers previous_response_id can continue,
+    # and for how long (seconds); their conversations stay pinned in the prefix cache as long.
+    responses_store_size: int = 1024
+    responses_ttl: float = 600.0
 
 
 @dataclass
@@ -100,7 +105,16 @@ def resolve_parsers(engine: Engine, settings: ServerSettings) -> tuple[tuple[str
     template = engine.tokenizer.chat_template
     model_type = getattr(engine.model_config, "model_type", "") or ""
     found = []
-    for flag, module, detect in (("tool_call_parser", tool_parsers, lambda: tool_parsers.detect(template, model_type)),
+    builtin = builtin_model(engine.args.model)
+
+    def detect_tool_parser() -> tuple[str | None, str]:
+        # A built-in model names the format it really writes (runtime/builtin_models.py), which
+        # its chat template may not: Qwen2.5-Coder's template teaches hermes tags it seldom uses.
+        if builtin is not None and builtin.tool_call_parser is not None:
+            return builtin.tool_call_parser, f"the built-in model {builtin.name} writes this format"
+        return tool_parsers.detect(template, model_type)
+
+    for flag, module, detect in (("tool_call_parser", tool_parsers, detect_tool_parser),
                                  ("reasoning_parser", reasoning_parser, lambda: reasoning_parser.detect(template))):
         value = getattr(settings, flag)
         if value == "none":

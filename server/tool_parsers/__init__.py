@@ -12,12 +12,14 @@ from server.tool_parsers.hermes import HermesParser
 from server.tool_parsers.llama3 import Llama3JsonParser
 from server.tool_parsers.mistral import MistralParser
 from server.tool_parsers.pythonic import PythonicParser
+from server.tool_parsers.qwen25_coder import Qwen25CoderParser
 
 PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser,
-                                                             PythonicParser, GemmaParser)}
+                                                             PythonicParser, GemmaParser, Qwen25CoderParser)}
 # The names vLLM and SGLang users already type.
 ALIASES = {"qwen": "hermes", "qwen25": "hermes", "qwen2_5": "hermes", "qwen3": "hermes", "llama3_json": "llama3",
-           "llama": "llama3", "llama4_pythonic": "pythonic", "gemma3": "gemma"}
+           "llama": "llama3", "llama4_pythonic": "pythonic", "gemma3": "gemma",
+           "qwen2_5_coder": "qwen25_coder"}
 CHOICES = ("auto", "none", *PARSERS, *ALIASES)
 
 

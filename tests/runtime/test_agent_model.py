@@ -48,7 +48,7 @@ def test_names_and_aliases_pick_one_row_each() -> None:
     assert builtin_model("agent") is AGENT and builtin_model("qwen2.5-coder-0.5b-instruct") is AGENT
     assert builtin_model("default").name == "gemma-3-270m"
     assert builtin_model("gpt-4") is None
-    assert AGENT.tool_call_parser == "hermes" and len(AGENT.parts) == 6
+    assert AGENT.tool_call_parser == "qwen25_coder" and len(AGENT.parts) == 6
     assert [p.version for p in AGENT.parts] == ["0.9.0"] * 6
 
 
@@ -252,5 +252,5 @@ def test_real_agent_model_logits_match_transformers_gguf_loading(tmp_path: Path)
     for ids, got in zip(prompts, ours):
         with torch.no_grad():
             want = ref_model(torch.tensor([ids])).logits[0]
-        assert (got - want).abs().max() < 2e-3
+        assert (got - want).abs().max() < 1e-3  # measured: at most 5.8e-05 (logits up to 32)
         assert torch.equal(got.argmax(-1), want.argmax(-1))
