@@ -202,6 +202,15 @@ class Engine:
         """Abort a request (with n > 1, all its samples); unknown or finished ids are ignored."""
         self.loop.post(lambda: self.loop.abort(rid))
 
+    def pin_prefix(self, key: str, token_ids: Sequence[int], ttl_s: float, cache_salt: str | None = None) -> None:
+        """Keep the cached prefix of `token_ids` (a finished conversation) from eviction for `ttl_s`
+        seconds, under `key` (pinning a key again replaces its pin). Bounded: runtime/prefix_pins.py."""
+        ids = list(token_ids)
+        self.loop.post(lambda: self.loop.pins.pin(key, ids, ttl_s, cache_salt))
+
+    def unpin_prefix(self, key: str) -> None:
+        self.loop.post(lambda: self.loop.pins.unpin(key))
+
     def flush_cache(self) -> bool:
         result: list[bool] = []
         done = threading.Event()

@@ -33,6 +33,7 @@ from runtime.forward_batch import BatchEntry, HostBatch
 from runtime.kv import KVManager
 from runtime.model_runner import ModelRunner
 from runtime.output_processor import OutputProcessor, StepOutputs
+from runtime.prefix_pins import PrefixPins
 from runtime.request import Req, ReqState
 from runtime.sampler import Sampler, SampleRow, device_ids, has_penalty, prompt_logprobs
 from runtime.scheduler import Scheduler, StepPlan
@@ -67,6 +68,8 @@ class EngineLoop:
         self.timings: StepTimings | None = None  # set by benchmarks (runtime/step_timing.py)
         self.scheduler = scheduler
         self.kv = kv  # the KV state's one owner (runtime/kv/)
+        # Conversations kept cached for their next turn (runtime/prefix_pins.py): at most a quarter of the pool.
+        self.pins = PrefixPins(kv.cache, max_tokens=kv.allocator.num_slots // 4)
         self.sampler = Sampler(set(tokenizer.eos_token_ids))
         # Set by the Engine once a constrained request exists (runtime.grammar.Grammars.mask).
         self.grammar_mask: Callable[[torch.Tensor, list], None] = lambda logits, matchers: None
@@ -109,6 +112,7 @@ class EngineLoop:
                     block = False
                     self._refresh_stats()
                     self._deliver()
+                self.pins.expire()
                 if self.scheduler.has_work() or self._inflight is not None:
                     self._step()
                 self._refresh_stats()
@@ -231,6 +235,8 @@ class EngineLoop:
     def _unblock(self) -> None:
         """Nothing could be scheduled. With nothing running, the head of the queue can never fit."""
         if not self.scheduler.running and self.scheduler.waiting:
+            if self.pins.release_oldest():
+                return  # pinned conversations make room before anyone is failed
             req = self.scheduler.waiting[0]
             self.output.finish(req, "abort", error="the KV cache is too small for this request")
         else:
@@ -260,7 +266,8 @@ class EngineLoop:
             self.output.finish(self.requests[key], "abort")
 
     def flush_cache(self) -> bool:
-        """Drop every cached prefix nobody is using; a full reset when nothing runs."""
+        """Drop every cached prefix nobody is using (pins included); a full reset when nothing runs."""
+        self.pins.release_all()
         if self.scheduler.has_work():
             self.kv.cache.evict(self.kv.allocator.num_slots)
             return False
