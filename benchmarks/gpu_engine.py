@@ -75,7 +75,7 @@ class EngineBench:
                              chunked_prefill_size=args.chunked_prefill_size, max_prefill_tokens=args.max_prefill_tokens,
                              context_length=args.prompt_len + args.new_tokens + args.prefill_len + 64,
                              **engine_args)
-        self.vocab = self.engine.runner.vocab_size
+        self.vocab = self.engine.info.vocab_size
         self._run([[11, 12, 13]], 4)  # warm-up: first launches, allocator growth
 
     def _run(self, prompts: list[list[int]], new_tokens: int) -> float:
@@ -89,12 +89,9 @@ class EngineBench:
         return time.perf_counter() - start
 
     def decode(self, batch: int, prompt_len: int, new_tokens: int) -> dict:
-        from runtime.step_timing import StepTimings
-
         prompts = _random_prompts(batch, prompt_len, self.vocab, seed=batch)
-        self.engine.loop.timings = timings = StepTimings(self.engine.device)
-        seconds = self._run(prompts, new_tokens)
-        self.engine.loop.timings = None
+        with self.engine.time_steps() as timings:
+            seconds = self._run(prompts, new_tokens)
         return {"batch": batch, "seconds": seconds, "tok_s": batch * new_tokens / seconds,
                 **timings.summary(seconds)}
 

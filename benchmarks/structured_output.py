@@ -20,19 +20,6 @@ SCHEMA = {"type": "object", "properties": {"values": {"type": "array", "items": 
           "required": ["values"]}
 
 
-def _timed_mask(engine):  # noqa: ANN001, ANN202 - wraps the engine's mask call with a clock
-    spent = [0.0]
-    inner = engine.loop.grammar_mask
-
-    def mask(logits, matchers):  # noqa: ANN001, ANN202
-        start = time.perf_counter()
-        inner(logits, matchers)
-        spent[0] += time.perf_counter() - start
-
-    engine.loop.grammar_mask = mask
-    return spent
-
-
 def run(engine, batch: int, tokens: int) -> dict:  # noqa: ANN001
     prompts = [f"Record {i}: a list of measurements as JSON.\n" for i in range(batch)]
     free = {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}
@@ -41,11 +28,12 @@ def run(engine, batch: int, tokens: int) -> dict:  # noqa: ANN001
     engine.flush_cache()
     row = {"batch": batch}
     for name, params in (("free", free), ("json_schema", constrained)):
-        spent = _timed_mask(engine) if name == "json_schema" else [0.0]
         engine.flush_cache()
-        start = time.perf_counter()
-        outs = engine.generate(prompts, sampling_params=params)
-        seconds = time.perf_counter() - start
+        with engine.time_steps() as timings:  # its "mask" phase is the grammar bitmasks' host time
+            start = time.perf_counter()
+            outs = engine.generate(prompts, sampling_params=params)
+            seconds = time.perf_counter() - start
+        spent = [timings.host_s["mask"]]
         generated = sum(o.completion_tokens for o in outs)
         row[f"{name}_tokens_per_s"] = generated / seconds
         row[f"{name}_tokens"] = generated

@@ -12,22 +12,25 @@ import itertools
 import logging
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import aclosing, contextmanager
 from dataclasses import replace
 
 import torch
 
+from runtime.cpu import serial_on_this_thread
 from runtime.default_model import resolve_model_path
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.engine_args import EngineArgs
+from runtime.engine_info import EngineInfo
 from runtime.engine_loop import EngineLoop
-from runtime.cpu import serial_on_this_thread
 from runtime.model_runner import ModelRunner, RunnerConfig, load_config
 from runtime.output import Output
 from runtime.request import Req
 from runtime.sampling_params import SamplingParams
 from runtime.schedule_policy import SchedulePolicy
 from runtime.scheduler import Scheduler
+from runtime.step_timing import StepTimings
 from runtime.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -52,7 +55,8 @@ class Engine:
         with serial_on_this_thread():  # the engine thread's OpenMP pool stays the only one
             self._build(config)
         self.loop = EngineLoop(self.runner, self.tokenizer, self.scheduler, self.kv, self.context_len,
-                               overlap=self.args.overlap_on(self.device.type))
+                               overlap=self.args.overlap_on(self.device.type), grammar_mask=self._mask_grammar)
+        self.info = self._describe()
         # New requests not yet admitted, counted at once (the loop's stats lag a step behind).
         self._queued = 0
         self._queue_lock = threading.Lock()
@@ -128,8 +132,23 @@ class Engine:
 
                 stops = sorted(self.tokenizer.eos_token_ids)
                 self._grammars = Grammars(self.tokenizer.hf, self.runner.vocab_size, stops)
-                self.loop.grammar_mask = self._grammars.mask
         return self._grammars.compile(*constraint, skip_special_tokens=params.skip_special_tokens)
+
+    def _mask_grammar(self, logits: torch.Tensor, matchers: list) -> None:
+        """On the loop thread: a request has a matcher only once its constraint compiled, so
+        `_grammars` exists by then."""
+        assert self._grammars is not None
+        self._grammars.mask(logits, matchers)
+
+    def _describe(self) -> EngineInfo:
+        runner = self.runner
+        return EngineInfo(
+            model_path=str(self.model_path), device=str(self.device), dtype=str(runner.dtype).removeprefix("torch."),
+            dtype_choice=runner.precision.reason, quantization=self.args.quantization,
+            attention_backend=runner.backend.name,
+            cuda_graph_batch_sizes=list(runner.graphs.sizes) if runner.graphs else [],
+            overlap_schedule_on=self.loop.overlap, kv_cache_tokens=runner.num_slots, page_size=self.args.page_size,
+            context_length=self.context_len, vocab_size=runner.vocab_size)
 
     def _dequeued(self, req: Req) -> None:
         with self._queue_lock:
@@ -184,19 +203,31 @@ class Engine:
         if params.n != 1:
             raise ValueError("n: stream() takes one sample; use generate() or submit() for n > 1")
         ids = self.encode(prompt if prompt is not None else input_ids or [])
+        async with aclosing(self.outputs(ids, params, rid=rid, cache_salt=cache_salt, stream=True)) as outputs:
+            async for out in outputs:
+                yield out
+
+    async def outputs(self, input_ids: Sequence[int], sampling_params: ParamsLike = None, rid: str | None = None,
+                      cache_salt: str | None = None, stream: bool = False) -> AsyncIterator[Output]:
+        """Submit one prompt (n samples) and yield its Outputs on the caller's event loop as they
+        arrive; with `stream`, one per new token too. Submission errors raise at the first step.
+        Leaving early (closing the iterator: a client gone) aborts every sample still running,
+        so their KV comes back. Engine.stream and the HTTP server both go through here."""
         loop = asyncio.get_running_loop()
-        outputs: asyncio.Queue[Output] = asyncio.Queue()
-        (rid,) = self.submit(ids, params, lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out),
-                             rid=rid, cache_salt=cache_salt, stream=True)
-        finished = False
+        queue: asyncio.Queue[Output] = asyncio.Queue()
+        rids = self.submit(input_ids, sampling_params, lambda out: loop.call_soon_threadsafe(queue.put_nowait, out),
+                           rid=rid, cache_salt=cache_salt, stream=stream)
+        remaining = len(rids)
         try:
-            while not finished:
-                out = await outputs.get()
-                finished = out.finished
+            while remaining:
+                out = await queue.get()
+                if out.finished:
+                    remaining -= 1
                 yield out
         finally:
-            if not finished:
-                self.abort(rid)
+            if remaining:
+                for child in rids:
+                    self.abort(child)
 
     def abort(self, rid: str) -> None:
         """Abort a request (with n > 1, all its samples); unknown or finished ids are ignored."""
@@ -228,7 +259,18 @@ class Engine:
 
     @property
     def healthy(self) -> bool:
-        return self.loop.dead is None and self.loop._thread.is_alive()
+        return self.loop.alive
+
+    @contextmanager
+    def time_steps(self) -> Iterator[StepTimings]:
+        """Record where the loop's time goes while the block runs (benchmarks: runtime/step_timing.py).
+        Requests submitted inside the block are timed from their first step."""
+        timings = StepTimings(self.device)
+        self.loop.post(lambda: self.loop.set_timings(timings))
+        try:
+            yield timings
+        finally:
+            self.loop.post(lambda: self.loop.set_timings(None))
 
     def shutdown(self) -> None:
         if not self._closed:

@@ -2,8 +2,10 @@
 
 One step reads plan -> forward -> sample -> process: the scheduler plans (runtime/scheduler.py),
 the runner lays the plan out on the device and computes logits (eagerly, or by replaying a
-CUDA graph for a decode step), the sampler chooses tokens (and prompt logprobs are scored), and
-the output processor applies them (runtime/output_processor.py).
+CUDA graph for a decode step: runtime/model_runner.py), the step sampler scores prompt logprobs
+and chooses tokens (runtime/step_sampler.py), and the output processor applies them
+(runtime/output_processor.py). What passes between them is declared in runtime/step.py. The
+loop itself keeps the thread, the inbox of commands, overlap and fault isolation.
 
 With overlap on (the default on a GPU), "process" for step n runs after step n+1 is launched:
 the scheduler plans step n+1 while step n's ids are still on the device, a decode entry names
@@ -29,14 +31,15 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.forward_batch import BatchEntry, HostBatch
 from runtime.kv import KVManager
 from runtime.model_runner import ModelRunner
-from runtime.output_processor import OutputProcessor, StepOutputs
+from runtime.output_processor import OutputProcessor
 from runtime.prefix_pins import PrefixPins
 from runtime.request import Req, ReqState
-from runtime.sampler import Sampler, SampleRow, device_ids, has_penalty, prompt_logprobs
-from runtime.scheduler import Scheduler, StepPlan
+from runtime.sampler import Sampler, has_penalty
+from runtime.scheduler import Scheduler
+from runtime.step import BatchEntry, StepOutputs, StepPlan
+from runtime.step_sampler import GrammarMask, StepSampler
 from runtime.step_timing import StepTimings
 from runtime.tokenizer import Tokenizer
 
@@ -59,20 +62,21 @@ class LaunchedStep:
 
 class EngineLoop:
     def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, scheduler: Scheduler, kv: KVManager,
-                 context_len: int, overlap: bool = False) -> None:
+                 context_len: int, overlap: bool = False, grammar_mask: GrammarMask | None = None) -> None:
+        """grammar_mask: masks logits rows by their requests' grammar matchers (the Engine's
+        runtime.grammar.Grammars, built on the first constrained request)."""
         self.runner = runner
         # Overlap: step n+1 is planned and launched before step n's tokens are read on the host;
         # `_inflight` is the launched step whose tokens the host has not read yet.
         self.overlap = overlap
         self._inflight: LaunchedStep | None = None
-        self.timings: StepTimings | None = None  # set by benchmarks (runtime/step_timing.py)
+        self.timings: StepTimings | None = None  # Engine.time_steps() sets it (runtime/step_timing.py)
         self.scheduler = scheduler
         self.kv = kv  # the KV state's one owner (runtime/kv/)
         # Conversations kept cached for their next turn (runtime/prefix_pins.py): at most a quarter of the pool.
         self.pins = PrefixPins(kv.cache, max_tokens=kv.allocator.num_slots // 4)
-        self.sampler = Sampler(set(tokenizer.eos_token_ids))
-        # Set by the Engine once a constrained request exists (runtime.grammar.Grammars.mask).
-        self.grammar_mask: Callable[[torch.Tensor, list], None] = lambda logits, matchers: None
+        self._grammar_mask = grammar_mask or (lambda logits, matchers: None)
+        self.sampling = StepSampler(Sampler(set(tokenizer.eos_token_ids)), self._timed_mask)
         self.output = OutputProcessor(scheduler, kv, set(tokenizer.eos_token_ids), context_len)
         self.requests = self.output.requests
         self.inbox: queue.Queue[Command | None] = queue.Queue()
@@ -90,6 +94,10 @@ class EngineLoop:
         if self.dead is not None:
             raise RuntimeError(f"the engine loop has stopped: {self.dead!r}")
         self.inbox.put(command)
+
+    @property
+    def alive(self) -> bool:
+        return self.dead is None and self._thread.is_alive()
 
     def stop(self) -> None:
         self.inbox.put(None)
@@ -166,7 +174,7 @@ class EngineLoop:
             logits, layout = self.runner.run(plan.entries, previous.sampled_ids if previous else None)
             if previous is not None and any(_needs_host_state(r) for r in plan.reqs):
                 self._complete_inflight()  # a grammar or penalty must see the previous token first
-            outputs = self._sample(plan, layout, logits)
+            outputs = self.sampling.sample(plan, layout, logits)
         self.output.advance(plan, outputs)
         return LaunchedStep(plan, outputs)
 
@@ -182,38 +190,14 @@ class EngineLoop:
     def _timed(self, phase: str) -> AbstractContextManager[None]:
         return self.timings.host(phase) if self.timings is not None else nullcontext()
 
+    def _timed_mask(self, logits: torch.Tensor, matchers: list) -> None:
+        with self._timed("mask"):
+            self._grammar_mask(logits, matchers)
+
     def _complete_inflight(self) -> None:
         launched, self._inflight = self._inflight, None
         if launched is not None:
             self._complete(launched)
-
-    def _sample(self, plan: StepPlan, layout: HostBatch, logits: torch.Tensor) -> StepOutputs:
-        """Score prompt positions and choose next tokens; nothing is changed yet (so a raise is harmless)."""
-        out = StepOutputs()
-        rows: list[int] = []
-        for req, entry, start, count in zip(plan.reqs, plan.entries, layout.logit_starts, layout.logit_counts):
-            if req.state is ReqState.FINISHED:
-                continue  # finished by the previous step's tokens, read while this step was launched
-            if entry.logits_from is not None:
-                first_pos = entry.prefix_len + len(entry.token_ids) - count
-                out.prompt_logprobs.append((req, *self._prompt_logprobs(req, first_pos,
-                                                                        logits[start : start + count])))
-            if entry.prefix_len + len(entry.token_ids) == req.planned_len:
-                out.sampled_reqs.append(req)
-                if req.params.max_new_tokens > 0:
-                    out.generating.append(req)
-                    rows.append(start + count - 1)
-        if rows:
-            # A plain decode step samples every row in order: no need to copy the logits.
-            picked = logits if rows == list(range(logits.shape[0])) else logits.index_select(
-                0, device_ids(rows, logits.device))
-            matchers = [r.grammar for r in out.generating]
-            if any(m is not None for m in matchers):
-                self.grammar_mask(picked, matchers)
-            out.result = self.sampler.sample_async(picked, [
-                SampleRow(r.params, r.prompt_ids, r.output_ids, r.seed, drawn=len(r.output_ids) + r.inflight)
-                for r in out.generating])
-        return out
 
     def _isolate(self, plan: StepPlan) -> None:
         """Run each request of a failed step alone; fail only the ones that fail again.
@@ -242,19 +226,10 @@ class EngineLoop:
         else:
             time.sleep(0.001)
 
-    def _prompt_logprobs(self, req: Req, first_pos: int, rows: torch.Tensor) -> tuple[list, list]:
-        """rows[j] are the logits at position first_pos + j; they score prompt token first_pos + j + 1."""
-        prompt = req.prompt_ids
-        start = req.params.logprob_start_len
-        positions = [first_pos + j for j in range(len(rows))]
-        keep = [j for j, q in enumerate(positions) if start <= q + 1 < len(prompt)]
-        if not keep:
-            return [], []
-        targets = [prompt[positions[j] + 1] for j in keep]
-        chosen, tops = prompt_logprobs(rows[keep[0] : keep[-1] + 1], targets, req.params.top_logprobs_num)
-        return list(zip(chosen, targets)), (tops if tops else [None] * len(keep))
-
     # -- commands (run on the loop thread) ----------------------------------------------------------
+
+    def set_timings(self, timings: StepTimings | None) -> None:
+        self.timings = timings
 
     def add_request(self, req: Req) -> None:
         self.requests[req.rid] = req

@@ -3,8 +3,9 @@
 Entries arrive in kernel order (the scheduler emits it): requests with several new tokens
 (prefills, prefill chunks after a cached prefix) first, then requests with one new token
 (decodes). A step is laid out in two halves:
-- `HostBatch.pack` puts every per-token and per-request number into one int64 host tensor
-  (optionally padded to a CUDA-graph batch size, runtime/graph_runner.py);
+- `HostBatch.pack` puts every per-token and per-request number into one int64 host tensor, in
+  the sections of runtime/step.py's PACKED_LAYOUT (optionally padded to a CUDA-graph batch size,
+  runtime/graph_runner.py);
 - `ForwardBatch.from_device` reads that tensor after its one upload and builds the step's
   AttentionMetadata from it: every layer then reads the same device tensors, and nothing later
   in the step goes back to the host.
@@ -12,10 +13,8 @@ Entries arrive in kernel order (the scheduler emits it): requests with several n
 request's last token, and every prompt position from `logits_from` when prompt logprobs were
 asked for.
 
-A decode entry may name a `future` token instead of a known one: the id the previous step
-sampled on the device and the host has not seen yet (the overlap scheduler plans step n+1
-before step n's ids come back). `resolve_futures` copies those ids into the uploaded input ids
-on the device, so they never make a host round trip.
+A decode entry may name a `future` token (runtime/step.py): `resolve_futures` copies those ids
+into the uploaded input ids on the device, so they never make a host round trip.
 """
 
 from __future__ import annotations
@@ -26,8 +25,7 @@ import torch
 
 from kernels import AttentionMetadata
 from runtime.kv.slot_table import ReqSlotTable
-
-FUTURE = -1  # the placeholder id of a token still on the device (BatchEntry.future says which)
+from runtime.step import FUTURE, BatchEntry, pack_sections, section_sizes  # noqa: F401 - FUTURE, BatchEntry re-exported
 
 
 def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -38,22 +36,9 @@ def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 @dataclass(slots=True)
-class BatchEntry:
-    row: int  # the request's row in the request-to-slots table
-    prefix_len: int  # tokens whose KV is already in the pool
-    token_ids: list[int]  # the new tokens, at positions prefix_len, prefix_len + 1, ...
-    logits_from: int | None = None  # also return logits of new-token offsets >= this
-    future: int | None = None  # token_ids[-1] is the previous step's sampled id number `future`
-
-
-@dataclass(slots=True)
 class HostBatch:
-    """A step laid out on the host: one packed int64 tensor plus the lists host code plans with.
-
-    Packed sections, in order: input ids [T], positions [T], table rows [B], seq lens [B], prefix
-    lens [B], query starts [B], logit rows [R], output slots [T], then the future copies: token
-    rows [F] and the previous step's sample indices [F].
-    """
+    """A step laid out on the host: one packed int64 tensor (runtime/step.py: PACKED_LAYOUT) plus
+    the lists host code plans with."""
 
     host: torch.Tensor
     prefix_lens: list[int]
@@ -67,10 +52,14 @@ class HostBatch:
     def num_tokens(self) -> int:
         return sum(self.extend_lens)
 
+    def sizes(self, body_only: bool = False) -> list[int]:
+        """The length of each packed section, in layout order."""
+        return section_sizes(self.num_tokens, len(self.extend_lens), self.num_logit_rows, self.num_futures,
+                             body_only)
+
     @property
     def body_size(self) -> int:
-        t, b = self.num_tokens, len(self.extend_lens)
-        return 3 * t + 4 * b + self.num_logit_rows
+        return sum(self.sizes(body_only=True))
 
     @classmethod
     def pack(cls, entries: list[BatchEntry], table: ReqSlotTable, pad_to: int | None = None,
@@ -120,17 +109,16 @@ class HostBatch:
             logit_rows += range(num_real, num_real + pad)
             out_slots.append(torch.full((pad,), pad_slot, dtype=torch.int64))
         int_lists = AttentionMetadata.host_int_lists(prefix_lens, extend_lens)
-        host = torch.cat([
-            torch.tensor(ids + positions + rows + sum(int_lists, []) + logit_rows, dtype=torch.int64, device="cpu"),
-            torch.cat(out_slots).to(torch.int64),
-            torch.tensor(future_dst + future_src, dtype=torch.int64, device="cpu"),
-        ])
-        return cls(host, prefix_lens, extend_lens, starts, counts, len(logit_rows), len(future_dst))
+        host = pack_sections({"input_ids": ids, "positions": positions, "rows": rows,
+                              "int_columns": sum(int_lists, []), "logit_rows": logit_rows,
+                              "out_slots": torch.cat(out_slots), "future_dst": future_dst, "future_src": future_src})
+        batch = cls(host, prefix_lens, extend_lens, starts, counts, len(logit_rows), len(future_dst))
+        assert sum(batch.sizes()) == host.numel()
+        return batch
 
     def split(self, dev: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The packed sections of an uploaded copy: ids, positions, rows, int columns, logit rows, slots."""
-        t, b = self.num_tokens, len(self.extend_lens)
-        return dev[: self.body_size].split([t, t, b, 3 * b, self.num_logit_rows, t])
+        """The body sections of an uploaded copy: ids, positions, rows, int columns, logit rows, slots."""
+        return dev[: self.body_size].split(self.sizes(body_only=True))
 
     def resolve_futures(self, input_ids: torch.Tensor, dev: torch.Tensor, future_ids: torch.Tensor | None) -> None:
         """Write the previous step's sampled ids (still on the device) into this step's input ids."""
@@ -138,8 +126,7 @@ class HostBatch:
             return
         if future_ids is None:
             raise ValueError("the batch names future tokens but no previous step's ids were given")
-        f, body = self.num_futures, self.body_size
-        dst, src = dev[body : body + f], dev[body + f : body + 2 * f]
+        *_, dst, src = dev.split(self.sizes())
         input_ids.index_copy_(0, dst, future_ids.index_select(0, src))
 
 
@@ -151,10 +138,6 @@ class ForwardBatch:
     attn: AttentionMetadata
     logit_starts: list[int]  # per request: its first row in the logits output
     logit_counts: list[int]  # per request: how many rows (the last one predicts the next token)
-
-    @property
-    def num_reqs(self) -> int:
-        return len(self.logit_starts)
 
     def next_token_rows(self) -> list[int]:
         return [s + c - 1 for s, c in zip(self.logit_starts, self.logit_counts)]

@@ -3,8 +3,8 @@
 A decode step of a small model is hundreds of short kernels; launched one by one from Python
 they cost more than the GPU work (an H100 measured 4.9 ms of launches for 0.8 ms of Gemma 3
 270M linears). So at startup each batch size in `capture_sizes` gets:
-- a static device buffer in the packed layout of `HostBatch` (ids, positions, table rows, int32
-  lengths, logit rows, output slots), which every replay overwrites with one copy;
+- a static device buffer holding the body of the packed step layout (runtime/step.py:
+  PACKED_LAYOUT), which every replay overwrites with one copy;
 - a graph of the forward over that buffer, read through `ForwardBatch.from_device` exactly as an
   eager step reads its upload, with the flash-decoding splits fixed for the size.
 A batch of n decode requests runs as the smallest captured size >= n; the padding requests read
@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.forward_batch import BatchEntry, ForwardBatch, HostBatch, upload
+from runtime.forward_batch import ForwardBatch, HostBatch, upload
+from runtime.step import BatchEntry
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class DecodeGraphRunner:
         self.table.sync()
         dev = upload(packed.host, self.device)
         step.buffer.copy_(dev[: packed.body_size])
-        packed.resolve_futures(step.buffer[:size], dev, future_ids)  # the ids section comes first
+        packed.resolve_futures(packed.split(step.buffer)[0], dev, future_ids)  # into its input_ids section
         if step.graph is not None:
             step.graph.replay()
             logits = step.logits

@@ -15,7 +15,8 @@ from runtime.context import ForwardContext, forward_context
 from runtime import cpu
 from runtime.cpu import resolve_precision
 from runtime.device import DTYPES, resolve_device, resolve_dtype  # noqa: F401 - re-exported
-from runtime.forward_batch import BatchEntry, ForwardBatch, HostBatch
+from runtime.forward_batch import ForwardBatch, HostBatch
+from runtime.step import BatchEntry
 from runtime.graph_runner import DecodeGraphRunner
 from runtime.kv import KVManager, KVPool, KVShape, ReqSlotTable, build_kv, context_length, plan_kv_tokens
 from runtime.layers.output_layer import OutputLayer

@@ -8,24 +8,12 @@ Output already sees the stats that include it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from runtime.kv import KVManager
 from runtime.output import Logprobs, Output
 from runtime.request import Req, ReqState
-from runtime.sampler import PendingSample
-from runtime.scheduler import Scheduler, StepPlan
-
-
-@dataclass
-class StepOutputs:
-    """What one forward step produced, before any request is changed (its tokens may still be on
-    their way from the device: `result` is read only when the step is completed)."""
-
-    prompt_logprobs: list[tuple[Req, list, list]] = field(default_factory=list)  # (req, values, tops)
-    sampled_reqs: list[Req] = field(default_factory=list)  # requests that reached their last prompt token
-    generating: list[Req] = field(default_factory=list)  # of those, the ones that sample a token
-    result: PendingSample | None = None
+from runtime.scheduler import Scheduler
+from runtime.step import StepOutputs, StepPlan
 
 
 class OutputProcessor:

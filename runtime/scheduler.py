@@ -13,65 +13,19 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from runtime.engine_args import EngineArgs
-from runtime.forward_batch import FUTURE, BatchEntry
 from runtime.kv import KVManager
 from runtime.output import Logprobs
 from runtime.request import Req, ReqState
 from runtime.schedule_policy import SchedulePolicy
+from runtime.step import StepPlan
 
 # Room held back for running requests' future tokens: this share of (at most DECODE_RESERVE_CAP)
 # tokens each still may generate. Retraction covers the cases where the estimate is short.
 DECODE_RESERVE_RATIO = 0.3
 DECODE_RESERVE_CAP = 256
-
-
-@dataclass
-class StepPlan:
-    """The requests of one step and their new tokens, in kernel order: several-token entries
-    (prefills, chunks) first, then one-token entries (decodes), whatever order they were planned in."""
-
-    _extends: list[tuple[Req, BatchEntry]] = field(default_factory=list)
-    _decodes: list[tuple[Req, BatchEntry]] = field(default_factory=list)
-
-    def add(self, req: Req, num_tokens: int, logits_from: int | None = None) -> None:
-        assert req.row is not None
-        if req.inflight:  # a decode of the token the previous step sampled: its id is still on the device
-            assert num_tokens == 1 and req.kv_len == req.seq_len
-            self._put(req, BatchEntry(req.row, req.kv_len, [FUTURE], logits_from, future=req.inflight_index))
-            return
-        tokens = [req.token_at(req.kv_len)] if num_tokens == 1 else req.all_ids[req.kv_len : req.kv_len + num_tokens]
-        assert len(tokens) == num_tokens
-        self._put(req, BatchEntry(req.row, req.kv_len, tokens, logits_from))
-
-    def _put(self, req: Req, entry: BatchEntry) -> None:
-        (self._extends if len(entry.token_ids) > 1 else self._decodes).append((req, entry))
-
-    def drop(self, req: Req) -> None:
-        self._extends = [(r, e) for r, e in self._extends if r is not req]
-        self._decodes = [(r, e) for r, e in self._decodes if r is not req]
-
-    @classmethod
-    def of(cls, req: Req, entry: BatchEntry) -> StepPlan:
-        plan = cls()
-        plan._put(req, entry)
-        return plan
-
-    @property
-    def reqs(self) -> list[Req]:
-        return [r for r, _ in self._extends + self._decodes]
-
-    @property
-    def entries(self) -> list[BatchEntry]:
-        return [e for _, e in self._extends + self._decodes]
-
-    def __contains__(self, req: Req) -> bool:
-        return any(r is req for r, _ in self._extends + self._decodes)
-
-    def __bool__(self) -> bool:
-        return bool(self._extends or self._decodes)
 
 
 @dataclass

@@ -1,9 +1,10 @@
 """Where the engine loop's time goes, for benchmarks: host time per phase and device busy time.
 
-Off unless a benchmark sets `EngineLoop.timings`. Host phases are wall-clock seconds on the loop
-thread: `schedule` (planning, radix matching, KV bookkeeping), `launch` (laying the step out,
-uploading it, launching the forward and the sampler), `process` (reading tokens back, stop checks,
-detokenizing, streaming). Device time comes from CUDA events recorded around each step's forward
+Off unless a benchmark asks for it (`with engine.time_steps() as timings:`). Host phases are
+wall-clock seconds on the loop thread: `schedule` (planning, radix matching, KV bookkeeping),
+`launch` (laying the step out, uploading it, launching the forward and the sampler), `mask` (the
+grammar bitmasks of constrained requests, part of `launch`), `process` (reading tokens back, stop
+checks, detokenizing, streaming). Device time comes from CUDA events recorded around each step's forward
 and sampling on the stream; it includes any gap inside a step where the device waited for the
 host to launch more work, which a replayed CUDA graph does not have.
 """
@@ -21,7 +22,7 @@ import torch
 @dataclass
 class StepTimings:
     device: torch.device
-    host_s: dict[str, float] = field(default_factory=lambda: {"schedule": 0.0, "launch": 0.0, "process": 0.0})
+    host_s: dict[str, float] = field(default_factory=lambda: {"schedule": 0.0, "launch": 0.0, "mask": 0.0, "process": 0.0})
     steps: int = 0
     _events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
 

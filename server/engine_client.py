@@ -1,14 +1,16 @@
-"""The async bridge from HTTP handlers to the engine thread.
+"""HTTP handlers' side of the engine: errors and metrics around `Engine.outputs`.
 
-`run_request` submits one prompt (n samples) and yields its Outputs as they arrive; leaving
-the iterator early (a client gone) aborts the request so its KV slots come back.
+`run_request` submits one prompt (n samples) through `Engine.outputs` (the one async bridge to
+the engine thread) and yields its Outputs as they arrive, turning submission errors into HTTP
+ones and observing TTFT, inter-token and end-to-end latency; leaving the iterator early (a
+client gone) aborts the request so its KV slots come back.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from runtime import Engine, Output, QueueFullError, SamplingParams
@@ -26,22 +28,20 @@ class Timing:
 async def run_request(engine: Engine, metrics: Metrics, input_ids: Sequence[int], params: SamplingParams,
                       rid: str | None = None, cache_salt: str | None = None,
                       stream: bool = False) -> AsyncIterator[Output]:
-    loop = asyncio.get_running_loop()
-    outputs: asyncio.Queue[Output] = asyncio.Queue()
     timing = Timing()
-    try:
-        rids = engine.submit(input_ids, params, lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out),
-                             rid=rid, cache_salt=cache_salt, stream=stream)
-    except QueueFullError as exc:
-        raise APIError(429, str(exc), headers={"Retry-After": "1"}) from exc
-    except ValueError as exc:
-        raise bad_request(exc) from exc
-    except RuntimeError as exc:
-        raise APIError(503, str(exc)) from exc
-    remaining = len(rids)
-    try:
-        while remaining:
-            out = await outputs.get()
+    # Engine.outputs submits on its first step and aborts every sample still running when it is
+    # closed early (a client gone), so their KV comes back.
+    async with aclosing(engine.outputs(input_ids, params, rid=rid, cache_salt=cache_salt, stream=stream)) as outputs:
+        try:
+            first = await anext(outputs, None)
+        except QueueFullError as exc:
+            raise APIError(429, str(exc), headers={"Retry-After": "1"}) from exc
+        except ValueError as exc:
+            raise bad_request(exc) from exc
+        except RuntimeError as exc:
+            raise APIError(503, str(exc)) from exc
+        out = first
+        while out is not None:
             now = time.perf_counter()
             if out.token_ids and timing.first is None:
                 timing.first = now
@@ -49,14 +49,9 @@ async def run_request(engine: Engine, metrics: Metrics, input_ids: Sequence[int]
             elif out.token_ids and timing.last is not None and stream:
                 metrics.itl.observe(now - timing.last)
             timing.last = now
-            if out.finished:
-                remaining -= 1
             yield out
+            out = await anext(outputs, None)
         metrics.e2e.observe(time.perf_counter() - timing.start)
-    finally:
-        if remaining:  # the client went away: free the KV of every sample still running
-            for child in rids:
-                engine.abort(child)
 
 
 async def collect(engine: Engine, metrics: Metrics, input_ids: Sequence[int], params: SamplingParams,

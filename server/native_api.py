@@ -182,8 +182,8 @@ async def get_model_info(request: Request) -> Response:
         "served_model_name": state.served_model_name,
         "architectures": list(getattr(engine.model_config, "architectures", []) or []),
         "context_length": engine.context_len,
-        "vocab_size": engine.runner.vocab_size,
-        "dtype": str(engine.runner.dtype).removeprefix("torch."),
+        "vocab_size": engine.info.vocab_size,
+        "dtype": engine.info.dtype,
         "is_generation": True,
         # SGLang's get_model_info fields (its RuntimeEndpoint reads model_path).
         "tokenizer_path": str(engine.model_path),
@@ -218,12 +218,7 @@ async def get_server_info(request: Request) -> Response:
     state: ServerState = request.app.state.radix
     settings = {k: v for k, v in vars(state.settings).items() if k != "api_key"}
     engine = state.engine
-    resolved = {"model_path": str(engine.model_path), "served_model_name": state.served_model_name,
-                "device": str(engine.device), "dtype": str(engine.runner.dtype).removeprefix("torch."),
-                "kv_cache_tokens": engine.runner.num_slots, "context_length": engine.context_len,
-                "attention_backend": engine.runner.backend.name,
-                "cuda_graph_batch_sizes": engine.runner.graphs.sizes if engine.runner.graphs else [],
-                "overlap_schedule_on": engine.loop.overlap, "dtype_choice": engine.runner.precision.reason}
+    resolved = {**engine.info.as_dict(), "served_model_name": state.served_model_name}
     return json_response({**state.engine_args, **settings, **resolved, **state.parser_info, "stats": engine.stats(),
                           "version": "0.1.0"})
 

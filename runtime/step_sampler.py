@@ -1,0 +1,68 @@
+"""Sampling one step: score the prompt positions that asked for logprobs, and choose the next
+token of every request that reached its last known token (the third room of plan -> forward ->
+sample -> process).
+
+Nothing is changed here: the result is `StepOutputs` (runtime/step.py), whose chosen ids may
+still be on the device; the output processor applies it. So a raise in here is harmless, and
+the engine loop can retry the step's requests one by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from runtime.forward_batch import HostBatch
+from runtime.request import Req, ReqState
+from runtime.sampler import Sampler, SampleRow, device_ids, prompt_logprobs
+from runtime.step import StepOutputs, StepPlan
+
+GrammarMask = Callable[[torch.Tensor, list], None]  # (logits rows, matchers) -> masks the rows in place
+
+
+class StepSampler:
+    def __init__(self, sampler: Sampler, grammar_mask: GrammarMask) -> None:
+        self.sampler = sampler
+        self.grammar_mask = grammar_mask
+
+    def sample(self, plan: StepPlan, layout: HostBatch, logits: torch.Tensor) -> StepOutputs:
+        """Prompt logprobs and next tokens for a step's logits, laid out as `layout` says."""
+        out = StepOutputs()
+        rows: list[int] = []
+        for req, entry, start, count in zip(plan.reqs, plan.entries, layout.logit_starts, layout.logit_counts):
+            if req.state is ReqState.FINISHED:
+                continue  # finished by the previous step's tokens, read while this step was launched
+            if entry.logits_from is not None:
+                first_pos = entry.prefix_len + len(entry.token_ids) - count
+                out.prompt_logprobs.append((req, *score_prompt(req, first_pos, logits[start : start + count])))
+            if entry.prefix_len + len(entry.token_ids) == req.planned_len:
+                out.sampled_reqs.append(req)
+                if req.params.max_new_tokens > 0:
+                    out.generating.append(req)
+                    rows.append(start + count - 1)
+        if rows:
+            # A plain decode step samples every row in order: no need to copy the logits.
+            picked = logits if rows == list(range(logits.shape[0])) else logits.index_select(
+                0, device_ids(rows, logits.device))
+            matchers = [r.grammar for r in out.generating]
+            if any(m is not None for m in matchers):
+                self.grammar_mask(picked, matchers)
+            out.result = self.sampler.sample_async(picked, [
+                SampleRow(r.params, r.prompt_ids, r.output_ids, r.seed, drawn=len(r.output_ids) + r.inflight)
+                for r in out.generating])
+        return out
+
+
+def score_prompt(req: Req, first_pos: int, rows: torch.Tensor) -> tuple[list, list]:
+    """Prompt logprobs: rows[j] are the logits at position first_pos + j, which score prompt token
+    first_pos + j + 1. Returns ((logprob, token) pairs, top logprobs) for the positions asked for."""
+    prompt = req.prompt_ids
+    start = req.params.logprob_start_len
+    positions = [first_pos + j for j in range(len(rows))]
+    keep = [j for j, q in enumerate(positions) if start <= q + 1 < len(prompt)]
+    if not keep:
+        return [], []
+    targets = [prompt[positions[j] + 1] for j in keep]
+    chosen, tops = prompt_logprobs(rows[keep[0] : keep[-1] + 1], targets, req.params.top_logprobs_num)
+    return list(zip(chosen, targets)), (tops if tops else [None] * len(keep))
