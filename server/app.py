@@ -16,9 +16,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime import Engine
-from server import native_api, openai_api
+from server import native_api, openai_api, responses_api
 from server.errors import APIError, error_response
 from server.openapi import openapi_document
+from server.response_store import ResponseStore
 from server.state import ServerSettings, ServerState
 
 logger = logging.getLogger("radixserve.server")
@@ -85,6 +86,9 @@ def build_app(engine: Engine, settings: ServerSettings | None = None,
         Route("/v1/completions", openai_api.completions, methods=["POST"]),
         Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
         Route("/v1/models", openai_api.list_models, methods=["GET"]),
+        Route("/v1/responses", responses_api.create_response, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses_api.get_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses_api.delete_response, methods=["DELETE"]),
         Route("/generate", native_api.generate, methods=["POST"]),
         Route("/flush_cache", native_api.flush_cache, methods=["POST", "GET"]),
         Route("/abort_request", native_api.abort_request, methods=["POST"]),
@@ -101,5 +105,7 @@ def build_app(engine: Engine, settings: ServerSettings | None = None,
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         APIError: _api_error, HTTPException: _http_error, Exception: _internal_error})
     app.state.radix = state
+    # Stored Responses API answers; dropping one releases its pinned tokens (server/response_store.py).
+    app.state.responses = ResponseStore(settings.responses_store_size, settings.responses_ttl, engine.unpin_prefix)
     app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
     return app

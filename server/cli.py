@@ -53,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--reasoning-parser", default="auto", metavar="NAME",
                         help="split <think> reasoning into reasoning_content (qwen3, deepseek_r1); auto: from the "
                              "chat template; none: leave it in content (default: auto)")
+    server.add_argument("--responses-store-size", type=int, default=1024, metavar="N",
+                        help="stored /v1/responses answers that previous_response_id can continue (least recently "
+                             "used dropped first; default: 1024)")
+    server.add_argument("--responses-ttl", type=float, default=600.0, metavar="SECONDS",
+                        help="how long a stored response, and its conversation pinned in the prefix cache, is kept "
+                             "(default: 600)")
     return parser
 
 
