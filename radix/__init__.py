@@ -1,6 +1,6 @@
 """radix: the prefix cache. A radix tree over KV slot indices, and the slot allocator under it.
 
-Imports nothing else from the project (see DESIGN.md).
+Imports nothing else from the project (the README's tour says how the packages layer).
 """
 
 from radix.allocator import SlotAllocator

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import aclosing, contextmanager
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,6 +33,9 @@ from runtime.schedule_policy import SchedulePolicy
 from runtime.scheduler import Scheduler
 from runtime.step_timing import StepTimings
 from runtime.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from runtime.grammar import Grammars
 
 logger = logging.getLogger(__name__)
 ParamsLike = SamplingParams | dict | None
@@ -126,13 +130,25 @@ class Engine:
         constraint = params.constraint()
         if constraint is None:
             return None
+        return self.grammars.compile(*constraint, skip_special_tokens=params.skip_special_tokens)
+
+    @property
+    def grammars(self) -> Grammars:
+        """The grammar compiler for this engine's vocabulary (runtime/grammar.py): built on first
+        use, since reading the tokenizer into xgrammar takes a moment."""
         with self._grammars_lock:
             if self._grammars is None:
                 from runtime.grammar import Grammars
 
                 stops = sorted(self.tokenizer.eos_token_ids)
                 self._grammars = Grammars(self.tokenizer.hf, self.runner.vocab_size, stops)
-        return self._grammars.compile(*constraint, skip_special_tokens=params.skip_special_tokens)
+            return self._grammars
+
+    @property
+    def queued(self) -> int:
+        """Requests submitted and not yet admitted (counted at once; stats() lags a step behind)."""
+        with self._queue_lock:
+            return self._queued
 
     def _mask_grammar(self, logits: torch.Tensor, matchers: list) -> None:
         """On the loop thread: a request has a matcher only once its constraint compiled, so

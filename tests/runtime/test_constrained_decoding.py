@@ -79,4 +79,4 @@ def test_constraint_errors_name_the_field(folder: Path) -> None:
         with pytest.raises(ValueError, match="ebnf"):
             engine.generate("hi", sampling_params={"ebnf": "root ::= missing_rule"})
         assert engine.generate("hi", sampling_params={"max_new_tokens": 2})[0].completion_tokens == 2
-        assert engine.stats()["num_waiting"] == 0 and engine._queued == 0
+        assert engine.stats()["num_waiting"] == 0 and engine.queued == 0

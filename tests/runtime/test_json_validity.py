@@ -68,7 +68,7 @@ def test_sampled_constrained_outputs_are_valid_json(engine: Engine) -> None:
         params = [{"json_schema": schema, "max_new_tokens": 96, "temperature": 1.0, "seed": 1000 * s, "n": 4}
                   for s in range(SAMPLES // 4)]
         outs = engine.generate([prompt] * len(params), sampling_params=params)
-        grammars = engine._grammars
+        grammars = engine.grammars
         for out in outs:
             assert out.error is None
             matcher = grammars.matcher(grammars.compile("json_schema", schema))
@@ -89,10 +89,7 @@ def test_sampled_constrained_outputs_are_valid_json(engine: Engine) -> None:
 def test_bounded_strings_take_escapes_and_refuse_control_characters(engine: Engine) -> None:
     """The repaired grammar, string by string: what JSON allows inside a bounded string and what not."""
     schema = json.dumps(Note.model_json_schema())
-    grammars = engine._grammars
-    if grammars is None:
-        engine.generate("x", sampling_params={"json_schema": schema, "max_new_tokens": 1})  # builds them
-        grammars = engine._grammars
+    grammars = engine.grammars
     compiled = grammars.compile("json_schema", schema)
 
     def accepts(text: str) -> bool:
@@ -118,7 +115,7 @@ def test_special_tokens_are_not_text_to_the_grammar_when_skipped(engine: Engine)
     """`<pad>` (id 0) decodes to nothing under skip_special_tokens: the grammar must not count it as text."""
     schema = json.dumps({"type": "object", "properties": {"v": {"type": "string"}}, "required": ["v"]})
     engine.generate("x", sampling_params={"json_schema": schema, "max_new_tokens": 1})
-    grammars = engine._grammars
+    grammars = engine.grammars
     skipped = grammars.matcher(grammars.compile("json_schema", schema))
     kept = grammars.matcher(grammars.compile("json_schema", schema, skip_special_tokens=False))
     for matcher in (skipped, kept):

@@ -43,7 +43,7 @@ def client(server: RunningServer) -> openai.OpenAI:
 
 def _is_prefix(server: RunningServer, kind: str, source: str, token_ids: list[int]) -> bool:
     """Every token of the output is accepted by a fresh matcher of the same constraint."""
-    grammars = server.engine._grammars
+    grammars = server.engine.grammars
     matcher = grammars.matcher(grammars.compile(kind, source))
     return all(matcher.accept_token(t) for t in token_ids if t not in server.engine.tokenizer.eos_token_ids)
 
