@@ -31,36 +31,42 @@ def _schema(tool: ToolSpec) -> dict:
 
 def structural_tag(parser: ToolParser, tools: list[ToolSpec], parallel: bool, forced: str = "",
                    special_tokens: frozenset[str] = frozenset()) -> dict | None:
-    """None when the format's arguments are not JSON (pythonic, Gemma): parsed, not constrained."""
+    """None when the format's arguments are not JSON (pythonic, Gemma): parsed, not constrained.
+
+    A block is `begin schema end (separator begin' schema end)* block_close`. xgrammar wants a
+    non-empty end string after content of unbounded length, so the block's last character is the
+    tag's end and the other calls' text starts with it."""
     if not parser.constrained or not tools:
         return None
-    rest: list[dict] = []
+    ends = {parser.call_tag(t, {})[2] for t in tools}
+    assert len(ends) == 1, "one end string for every call"
+    end = ends.pop()
+    if parser.block_close:  # Mistral's "]": each call ends with `end`, the block with the close
+        inner, last, lead = end, parser.block_close, ""
+    else:  # each call ends the block, or goes on to the next with the separator
+        inner, last = end[:-1], end[-1]
+        lead = last
+    more: list[dict] = []
     if parallel:
-        nexts = []
-        for tool in tools:
-            begin, _, end = parser.call_tag(tool, {})
-            nexts.append(_seq(_const(parser.separator + begin.removeprefix(parser.block_open)) + [_schema(tool)]
-                              + _const(end)))
-        rest.append({"type": "star", "content": _or(nexts)})
-    rest += _const(parser.block_close)
+        nexts = [_seq(_const(lead + parser.separator + parser.call_tag(t, {})[0].removeprefix(parser.block_open))
+                      + [_schema(t)] + _const(inner)) for t in tools]
+        more.append({"type": "star", "content": _or(nexts)})
     if forced:
         firsts = []
         for tool in tools:
-            begin, _, end = parser.call_tag(tool, {})
+            begin = parser.call_tag(tool, {})[0]
             if begin.startswith(forced):
-                firsts.append(_seq(_const(begin[len(forced):]) + [_schema(tool)] + _const(end)))
+                firsts.append(_seq(_const(begin[len(forced):]) + [_schema(tool)] + _const(inner)))
         if firsts:
-            return {"type": "structural_tag", "format": _seq([_or(firsts), *rest])}
+            return {"type": "structural_tag", "format": _seq([_or(firsts), *more, *_const(last)])}
     trigger = parser.trigger
     by_token = trigger in special_tokens  # a control token (Mistral's [TOOL_CALLS]) is matched as that token
     tags = []
     for tool in tools:
-        begin, _, end = parser.call_tag(tool, {})
-        content = _seq(_const(begin[len(trigger):] if by_token else "") + [_schema(tool)] + _const(end) + rest)
+        begin = parser.call_tag(tool, {})[0]
+        content = _seq(_const(begin[len(trigger):] if by_token else "") + [_schema(tool)] + _const(inner) + more)
         tags.append({"type": "tag", "begin": {"type": "token", "token": trigger} if by_token else begin,
-                     "content": content, "end": ""})
-    if by_token:
-        fmt = {"type": "token_triggered_tags", "trigger_tokens": [trigger], "tags": tags, "stop_after_first": True}
-    else:
-        fmt = {"type": "triggered_tags", "triggers": [trigger], "tags": tags, "stop_after_first": True}
-    return {"type": "structural_tag", "format": fmt}
+                     "content": content, "end": last})
+    kind = "token_triggered_tags" if by_token else "triggered_tags"
+    key = "trigger_tokens" if by_token else "triggers"
+    return {"type": "structural_tag", "format": {"type": kind, key: [trigger], "tags": tags, "stop_after_first": True}}
