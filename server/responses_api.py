@@ -152,6 +152,10 @@ def _response_format(body: ResponsesRequest) -> ResponseFormat | None:
     fmt = body.text.format if body.text is not None else None
     if fmt is None or fmt.type == "text":
         return None
+    if body.tools and (body.tool_choice == "required" or not isinstance(body.tool_choice, (str, type(None)))):
+        # A forced call answers with no message: the format is for the turn that does (the Agents
+        # SDK sends both while it forces a tool, then resets tool_choice for the final answer).
+        return None
     if fmt.type == "json_schema":
         return ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(
             name=fmt.name, description=fmt.description, schema=fmt.schema, strict=fmt.strict))
