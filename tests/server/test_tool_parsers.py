@@ -206,3 +206,24 @@ def test_structural_tags_accept_each_json_format(tmp_path: Path) -> None:
         wrong = xgr.GrammarMatcher(compiler.compile_structural_tag(json.dumps(tag)))
         bad = "ok " + spell(name, [("add", {"a": "x"})]).replace("<|python_tag|>", "")
         assert not all(wrong.accept_token(t) for t in tok(bad, add_special_tokens=False).input_ids), name
+
+
+def test_a_control_token_trigger_is_matched_as_that_token(tmp_path: Path) -> None:
+    """Mistral's [TOOL_CALLS] is a special token: the grammar waits for that token, not its spelling."""
+    import xgrammar as xgr
+    from transformers import AutoTokenizer
+
+    save_tiny_tokenizer(tmp_path)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    tok.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]"]})
+    specials = frozenset(t.content for t in tok.added_tokens_decoder.values() if t.special)
+    tag = structural_tag(PARSERS["mistral"](TOOLS), TOOLS, parallel=True, special_tokens=specials)
+    assert tag["format"]["type"] == "token_triggered_tags"
+    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok), stop_token_ids=[1])
+    matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_structural_tag(json.dumps(tag)))
+    marker = tok.convert_tokens_to_ids("[TOOL_CALLS]")
+    ids = [*tok("ok ", add_special_tokens=False).input_ids, marker,
+           *tok('[{"name": "add", "arguments": {"a": 1}}]', add_special_tokens=False).input_ids]
+    assert all(matcher.accept_token(t) for t in ids) and matcher.accept_token(1) and matcher.is_terminated()
+    text = tok.decode(ids, skip_special_tokens=False)  # the parser reads it with special tokens kept
+    assert whole(PARSERS["mistral"](TOOLS), text) == ("ok ", [("add", '{"a": 1}')])
