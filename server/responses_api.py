@@ -235,7 +235,7 @@ def output_items(message: AssistantMessage) -> list[dict[str, object]]:
     items: list[dict[str, object]] = []
     if message.reasoning_content:
         items.append(_reasoning_item(_new_id("rs"), message.reasoning_content))
-    if message.content or not message.tool_calls:
+    if message.content or not items and not message.tool_calls:  # nothing said at all: one empty message
         items.append(_message_item(_new_id("msg"), message.content or ""))
     for call in message.tool_calls or []:
         items.append(_call_item(_new_id("fc"), call.id, call.function.name, call.function.arguments))

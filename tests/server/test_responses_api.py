@@ -146,3 +146,18 @@ def test_the_store_is_bounded(server: RunningServer) -> None:
         time.sleep(0.6)
         with pytest.raises(openai.BadRequestError, match="not found"):
             client.responses.create(model="tiny", input="hi", previous_response_id=ids[2], **GREEDY)
+
+
+def test_reasoning_becomes_a_reasoning_item(client: openai.OpenAI) -> None:
+    """deepseek_r1 reasons until </think>: a random model never closes it, so all of it is reasoning."""
+    plain = client.responses.create(model="tiny", input="Think.", **GREEDY)
+    thought = client.responses.create(model="tiny", input="Think.", extra_body={"reasoning_parser": "deepseek_r1"},
+                                      **GREEDY)
+    assert [item.type for item in thought.output] == ["reasoning"]  # cut while reasoning: no message yet
+    assert thought.output[0].content[0].text == plain.output_text and thought.output_text == ""
+    events = list(client.responses.create(model="tiny", input="Think.", stream=True,
+                                          extra_body={"reasoning_parser": "deepseek_r1"}, **GREEDY))
+    streamed = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    done = next(e for e in events if e.type == "response.reasoning_text.done")
+    assert streamed == done.text == plain.output_text
+    assert [item.type for item in events[-1].response.output] == ["reasoning"]
