@@ -50,6 +50,17 @@ class Parsed:
     """Content and calls in the order the model wrote them."""
 
     segments: list[Segment] = field(default_factory=list)
+    # Where a later parse may start over: everything before `checkpoint` is decided for good; of
+    # the segments here, this many content characters and calls lie before it (a streamed parse
+    # resumes there rather than at 0).
+    checkpoint: int = 0
+    content_before: int = 0
+    calls_before: int = 0
+
+    def settle(self, pos: int) -> None:
+        self.checkpoint = pos
+        self.content_before = sum(len(s) for s in self.segments if isinstance(s, str))
+        self.calls_before = sum(1 for s in self.segments if isinstance(s, CallDraft))
 
     @property
     def content(self) -> str:
@@ -87,26 +98,31 @@ class ToolParser:
         None when it is not a call after all (its text is then content)."""
         raise NotImplementedError
 
-    def parse(self, text: str, final: bool = True) -> Parsed:
+    def parse(self, text: str, final: bool = True, start: int = 0) -> Parsed:
         """Content and calls of `text`; with final=False, text that may still become markup is left
-        out (it is neither content nor a call yet)."""
+        out (it is neither content nor a call yet). `start`: a checkpoint of an earlier parse of a
+        prefix of `text` (what lies before it is not parsed again, nor returned)."""
         out = Parsed()
-        pos = 0
+        out.settle(start)
+        pos = start
         while True:
             m = self._opening.search(text, pos, partial=not final)
             if m is None:
                 _content(out, text[pos:])
+                out.settle(len(text))
                 return out
-            start = m.start()
+            at = m.start()
             if m.partial:
-                _content(out, text[pos:start])
+                _content(out, text[pos:at])
+                out.settle(at)
                 return out
-            block = self.read_block(text, start, final)
+            block = self.read_block(text, at, final)
             if block is None or (block == PENDING and final):
-                _content(out, text[pos:start + 1])  # not a call: its first character is content,
-                pos = start + 1  # and the search goes on after it
+                _content(out, text[pos:at + 1])  # not a call: its first character is content,
+                pos = at + 1  # and the search goes on after it
                 continue
-            _content(out, text[pos:start])
+            _content(out, text[pos:at])
+            out.settle(at)
             if block == PENDING:
                 return out
             assert isinstance(block, Block)
@@ -114,6 +130,7 @@ class ToolParser:
             if block.end is None:
                 return out
             pos = block.end
+            out.settle(pos)
 
     # -- the grammar -----------------------------------------------------------------------------
 
@@ -169,7 +186,7 @@ class StreamingToolParser:
     def __init__(self, parser: ToolParser, prefix: str = "") -> None:
         self.parser = parser
         self.text = prefix
-        self.prefix = len(prefix)
+        self.checkpoint = (0, 0, 0)  # (position, content characters, calls) before it
         self.content_sent = 0
         self.leading = ""  # content that is only whitespace so far: sent once real text follows
         self.ids: list[str] = []
@@ -177,17 +194,18 @@ class StreamingToolParser:
 
     def feed(self, delta: str) -> list[Event]:
         self.text += delta
-        return self._diff(self.parser.parse(self.text, final=False))
+        return self._diff(self.parser.parse(self.text, final=False, start=self.checkpoint[0]))
 
     def finish(self) -> list[Event]:
-        return self._diff(self.parser.parse(self.text, final=True))
+        return self._diff(self.parser.parse(self.text, final=True, start=self.checkpoint[0]))
 
     def result(self) -> Parsed:
         return self.parser.parse(self.text, final=True)
 
     def _diff(self, parsed: Parsed) -> list[Event]:
+        """What this parse adds to what was sent. Its segments start at the checkpoint it resumed from."""
         events: list[Event] = []
-        seen, k = 0, 0
+        _, seen, k = self.checkpoint
         for seg in parsed.segments:
             if isinstance(seg, str):
                 new = seg[max(self.content_sent - seen, 0):]
@@ -204,6 +222,8 @@ class StreamingToolParser:
                 events.append(ArgumentsDelta(k, seg.arguments[self.args_sent[k]:]))
                 self.args_sent[k] = len(seg.arguments)
             k += 1
+        _, content, calls = self.checkpoint
+        self.checkpoint = (parsed.checkpoint, content + parsed.content_before, calls + parsed.calls_before)
         return events
 
     def _send_content(self, text: str, events: list[Event]) -> None:
