@@ -6,11 +6,16 @@ Expressions concatenate with strings and with each other in any order, as in SGL
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "frequency_penalty",
-                 "presence_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos",
-                 "return_logprob", "logprob_start_len", "top_logprobs_num", "regex", "json_schema")
+from frontend_lang.typed_gen import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR, dtype_params, resolve_dtype  # noqa: F401 - SGLang has the regexes in its ir
+
+SAMPLING_KEYS = ("max_new_tokens", "min_new_tokens", "n", "temperature", "top_p", "top_k", "min_p",
+                 "frequency_penalty", "presence_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
+                 "stop_regex", "ignore_eos", "return_logprob", "logprob_start_len", "top_logprobs_num",
+                 "return_text_in_logprobs", "regex", "json_schema")
+LIST_KEYS = ("stop", "stop_token_ids", "stop_regex")  # empty means unset
 
 
 class Expr:
@@ -40,16 +45,33 @@ class Concat(Expr):
 class Gen(Expr):
     name: str | None
     params: dict[str, object] = field(default_factory=dict)  # only what the call set explicitly
+    dtype: type | None = None  # int, float, str or bool: constrained, and s[name] is the typed value
 
     def sampling_params(self, defaults: dict[str, object]) -> dict[str, object]:
-        """Run-level defaults, overridden by what this gen set; 128 new tokens unless either says."""
+        """Run-level defaults, overridden by what this gen set; 128 new tokens unless either says.
+
+        A typed gen's regex replaces any other (as in SGLang); int and float also stop at a space
+        or a newline, added to the stops already set.
+        """
         params = {"max_new_tokens": 128, **defaults, **self.params}
-        if not params.get("stop"):
-            params.pop("stop", None)
+        if self.dtype is not None:
+            typed = dtype_params(self.dtype)
+            params["stop"] = [*_listed(params.get("stop")), *_listed(typed.pop("stop", None))]
+            params.pop("json_schema", None)
+            params.update(typed)
+        for key in LIST_KEYS:
+            if not params.get(key):
+                params.pop(key, None)
         return params
 
 
-CHOICES_METHODS = ("token_length_normalized", "greedy_token_selection")
+def _listed(value: object) -> list[object]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)  # type: ignore[call-overload]
+
+
+CHOICES_METHODS = ("token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized")
 
 
 @dataclass(eq=False)
@@ -75,25 +97,68 @@ class RoleEnd(Expr):
     role: str
 
 
-def gen(name: str | None = None, max_tokens: int | None = None, stop: str | list[str] | None = None,
-        stop_token_ids: list[int] | None = None, temperature: float | None = None, top_p: float | None = None,
+def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None,
+        n: int | None = None, stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
+        stop_regex: str | list[str] | None = None, temperature: float | None = None, top_p: float | None = None,
         top_k: int | None = None, min_p: float | None = None, frequency_penalty: float | None = None,
-        presence_penalty: float | None = None, repetition_penalty: float | None = None,
-        ignore_eos: bool | None = None, seed: int | None = None, return_logprob: bool | None = None,
+        presence_penalty: float | None = None, ignore_eos: bool | None = None, return_logprob: bool | None = None,
         logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
+        return_text_in_logprobs: bool | None = None, dtype: type | str | None = None,
         choices: list[str] | None = None, choices_method: object = None, regex: str | None = None,
-        json_schema: str | dict | None = None, max_new_tokens: int | None = None) -> Gen | Select:
-    """Generate text into `s[name]` (with `choices`: select one of them, as SGLang's gen does)."""
+        json_schema: str | dict | None = None, max_new_tokens: int | None = None,
+        repetition_penalty: float | None = None, seed: int | None = None) -> Gen | Select:
+    """Generate text into `s[name]`, with SGLang's arguments (and ours: max_new_tokens,
+    repetition_penalty, seed).
+
+    choices: select one of them instead (as SGLang's gen does). dtype (int, float, str, bool):
+    constrain to the type's regex and store the typed value. min_tokens: no EOS, stop token or
+    stop string before that many tokens. n > 1: s[name] is the list of n samples; the text gets
+    the first. stop_regex: stop where the output matches one of these patterns.
+    """
     if choices is not None:
         return select(name, choices, choices_method)
-    stops = [stop] if isinstance(stop, str) else (list(stop) if stop is not None else None)
-    values = dict(max_new_tokens=max_tokens if max_tokens is not None else max_new_tokens, stop=stops,
-                  stop_token_ids=stop_token_ids, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                  frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                  repetition_penalty=repetition_penalty, ignore_eos=ignore_eos, seed=seed,
-                  return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-                  top_logprobs_num=top_logprobs_num, regex=regex, json_schema=json_schema)
-    return Gen(name, {k: v for k, v in values.items() if v is not None})
+    if regex is not None:
+        re.compile(regex)  # a bad pattern fails here, where the program wrote it (as in SGLang)
+    values = dict(max_new_tokens=max_tokens if max_tokens is not None else max_new_tokens, min_new_tokens=min_tokens,
+                  n=n, stop=_listed(stop) if stop is not None else None, stop_token_ids=stop_token_ids,
+                  stop_regex=_listed(stop_regex) if stop_regex is not None else None, temperature=temperature,
+                  top_p=top_p, top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
+                  presence_penalty=presence_penalty, repetition_penalty=repetition_penalty, ignore_eos=ignore_eos,
+                  seed=seed, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+                  top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs, regex=regex,
+                  json_schema=json_schema)
+    return Gen(name, {k: v for k, v in values.items() if v is not None}, resolve_dtype(dtype))
+
+
+def gen_int(name: str | None = None, max_tokens: int | None = None, **kwargs: object) -> Gen:
+    """gen(dtype=int): an integer (REGEX_INT), stored as an int."""
+    return gen(name, max_tokens, dtype=int, **kwargs)  # type: ignore[return-value,arg-type]
+
+
+def gen_string(name: str | None = None, max_tokens: int | None = None, **kwargs: object) -> Gen:
+    """gen(dtype=str): a double-quoted string of word characters and spaces (REGEX_STR)."""
+    return gen(name, max_tokens, dtype=str, **kwargs)  # type: ignore[return-value,arg-type]
+
+
+@dataclass(eq=False)
+class SeparateReasoning(Expr):
+    """Runs `expr`, then splits each gen's output into thinking and answer (frontend_lang/reasoning.py)."""
+
+    expr: object
+    model_type: str | None = None
+
+
+def separate_reasoning(expr: object = None, model_type: str | None = None) -> SeparateReasoning:
+    """s[name] keeps the answer, s[name + "_reasoning_content"] gets the thinking (SGLang's API)."""
+    return SeparateReasoning(expr, model_type)
+
+
+def image(path: object) -> Expr:
+    raise ValueError("image(): radixserve serves text models; images are not supported")
+
+
+def video(path: object, num_frames: int) -> Expr:
+    raise ValueError("video(): radixserve serves text models; video is not supported")
 
 
 def select(name: str | None = None, choices: list[str] | None = None, choices_method: object = None) -> Select:
@@ -123,6 +188,7 @@ class ChoicesMethod:
 
 token_length_normalized = ChoicesMethod("token_length_normalized")
 greedy_token_selection = ChoicesMethod("greedy_token_selection")
+unconditional_likelihood_normalized = ChoicesMethod("unconditional_likelihood_normalized")
 
 
 def _role(role: str, *parts: object) -> RoleBlock:

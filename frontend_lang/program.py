@@ -5,13 +5,14 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from tqdm import tqdm
 
 from frontend_lang.backends.base import Backend
 from frontend_lang.backends.engine_backend import EngineBackend
+from frontend_lang.global_config import global_config
 from frontend_lang.ir import SAMPLING_KEYS, Concat, Gen, RoleBlock, Select
 from frontend_lang.state import ProgramState
 
@@ -23,6 +24,19 @@ MIN_WARM_PREFIX_CHARS = 64
 def set_default_backend(backend: object) -> None:
     global _default_backend
     _default_backend = _as_backend(backend)
+    global_config.default_backend = _default_backend
+
+
+def flush_cache(backend: object | None = None) -> bool:
+    """Drop the backend's unused prefix cache (SGLang's sgl.flush_cache); False without a backend."""
+    chosen = _as_backend(backend) if backend is not None else _default_backend
+    return chosen.flush_cache() if chosen is not None else False
+
+
+def get_server_info(backend: object | None = None) -> dict[str, object] | None:
+    """The backend server's settings and stats (SGLang's sgl.get_server_info); None without one."""
+    chosen = _as_backend(backend) if backend is not None else _default_backend
+    return chosen.server_info() if chosen is not None else None
 
 
 def _as_backend(backend: object) -> Backend:
@@ -73,20 +87,33 @@ class _TracingState(ProgramState):
 
 
 class Program:
-    def __init__(self, func: Callable[..., object]) -> None:
+    def __init__(self, func: Callable[..., object], bound: dict[str, object] | None = None) -> None:
         functools.update_wrapper(self, func)
         self.func = func
+        self.bound = dict(bound or {})
         params = list(inspect.signature(func).parameters)
         if not params:
             raise TypeError(f"@program function {func.__name__} must take the state `s` as its first argument")
+        self.arg_names = params[1:]
+
+    def bind(self, **kwargs: object) -> Program:
+        """The same program with some arguments fixed (SGLang's SglFunction.bind)."""
+        unknown = sorted(set(kwargs) - set(self.arg_names))
+        if unknown:
+            raise TypeError(f"bind(): {self.func.__name__} has no argument(s) {', '.join(unknown)}")
+        return Program(self.func, {**self.bound, **kwargs})
 
     def __call__(self, *args: object, **kwargs: object) -> ProgramState:
         return self.run(*args, **kwargs)
 
     def run(self, *args: object, backend: object | None = None, stream: bool = False,
-            **kwargs: object) -> ProgramState:
-        """Run once. Raises the program's error; with stream=True returns at once (read `text_iter()`)."""
-        defaults = _pop_defaults(kwargs)
+            use_thread: bool = True, **kwargs: object) -> ProgramState:
+        """Run once. Raises the program's error; with stream=True returns at once (read `text_iter()`).
+
+        use_thread is SGLang's; each state always has its own worker thread here.
+        """
+        defaults = _pop_defaults(kwargs, keep=self.arg_names)
+        kwargs = {**self.bound, **kwargs}
         state = ProgramState(_resolve(backend), defaults, stream=stream)
         if stream:
             def body() -> None:
@@ -101,12 +128,16 @@ class Program:
         self.func(state, *args, **kwargs)
         state.finish()
         state.sync()
+        if global_config.verbosity >= 2:
+            print(state.text())
         return state
 
-    def run_batch(self, batch_kwargs: list[dict[str, object]], backend: object | None = None,
-                  num_threads: int | str = "auto", progress_bar: bool = False,
-                  **sampling: object) -> list[ProgramState]:
-        """Run once per kwargs dict, concurrently. A failed item's state raises its error when read.
+    def run_batch(self, batch_kwargs: list[dict[str, object]] | list[list[object]], backend: object | None = None,
+                  num_threads: int | str = "auto", progress_bar: bool = False, generator_style: bool = False,
+                  **sampling: object) -> list[ProgramState] | Iterator[ProgramState]:
+        """Run once per item (a kwargs dict, or a list of positional arguments), concurrently. A
+        failed item's state raises its error when read. generator_style: yield the states in
+        order as they finish instead of returning the list.
 
         Keyword arguments beyond these are sampling defaults for every gen (temperature=..., ...).
         """
@@ -114,10 +145,24 @@ class Program:
         if sampling:
             raise TypeError(f"run_batch() got unknown argument(s): {', '.join(sorted(sampling))} "
                             f"(sampling defaults are {', '.join(SAMPLING_KEYS)})")
+        batch_kwargs = [self._as_kwargs(item) for item in batch_kwargs]
         resolved = _resolve(backend)
-        self._warm_common_prefix(batch_kwargs, resolved)
+        if global_config.enable_precache_with_tracing:
+            self._warm_common_prefix(batch_kwargs, resolved)
+        if generator_style:
+            return self._run_each(batch_kwargs, resolved, defaults, num_threads, progress_bar)
+        return list(self._run_each(batch_kwargs, resolved, defaults, num_threads, progress_bar))
+
+    def _as_kwargs(self, item: dict[str, object] | list[object] | tuple[object, ...]) -> dict[str, object]:
+        if isinstance(item, dict):
+            return {**self.bound, **item}
+        if len(item) > len(self.arg_names):
+            raise TypeError(f"run_batch(): {len(item)} arguments for {self.func.__name__}{tuple(self.arg_names)}")
+        return {**self.bound, **dict(zip(self.arg_names, item))}
+
+    def _run_each(self, batch_kwargs: list[dict[str, object]], resolved: Backend, defaults: dict[str, object],
+                  num_threads: int | str, progress_bar: bool) -> Iterator[ProgramState]:
         workers = min(len(batch_kwargs), 64) if num_threads == "auto" else int(num_threads)
-        results: list[ProgramState] = []
 
         def one(kwargs: dict[str, object]) -> ProgramState:
             state = ProgramState(resolved, dict(defaults))
@@ -132,8 +177,7 @@ class Program:
         with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
             futures = [pool.submit(one, kw) for kw in batch_kwargs]
             for future in tqdm(futures, disable=not progress_bar, desc=self.func.__name__):
-                results.append(future.result())
-        return results
+                yield future.result()
 
     def _warm_common_prefix(self, batch_kwargs: list[dict[str, object]], backend: Backend) -> None:
         """Compute the text every item starts with once, so the fan-out hits the cache."""
@@ -167,9 +211,10 @@ def _common_prefix(texts: list[str]) -> str:
     return first[:n]
 
 
-def _pop_defaults(kwargs: dict[str, object]) -> dict[str, object]:
-    """Run-level sampling defaults (SGLang's run(temperature=..., max_new_tokens=..., ...))."""
-    defaults = {k: kwargs.pop(k) for k in SAMPLING_KEYS if k in kwargs}
+def _pop_defaults(kwargs: dict[str, object], keep: list[str] | tuple[str, ...] = ()) -> dict[str, object]:
+    """Run-level sampling defaults (SGLang's run(temperature=..., max_new_tokens=..., ...)); a name
+    that is also one of the program's own arguments (`keep`) stays an argument."""
+    defaults = {k: kwargs.pop(k) for k in SAMPLING_KEYS if k in kwargs and k not in keep}
     if isinstance(defaults.get("stop"), str):
         defaults["stop"] = [defaults["stop"]]
     return {k: v for k, v in defaults.items() if v is not None}
@@ -178,3 +223,15 @@ def _pop_defaults(kwargs: dict[str, object]) -> dict[str, object]:
 def program(func: Callable[..., object]) -> Program:
     """Decorate `def f(s, ...)`: `s += ...` builds the prompt; gen/select call the model."""
     return Program(func)
+
+
+def function(func: Callable[..., object] | None = None,
+             num_api_spec_tokens: int | None = None) -> Program | Callable[[Callable[..., object]], Program]:
+    """SGLang's spelling of `program`, bare or called (`@function(num_api_spec_tokens=...)`).
+
+    num_api_spec_tokens (SGLang's speculative calls to chat-only APIs, a cost saving with the same
+    texts) is accepted and not used: every gen here is its own request.
+    """
+    if func is not None:
+        return Program(func)
+    return Program

@@ -19,7 +19,9 @@ from contextlib import contextmanager
 from frontend_lang.backends.base import Backend, Prompt
 from frontend_lang.chat_template import role_text
 from frontend_lang.choices import decide
-from frontend_lang.ir import Concat, Expr, Gen, RoleBegin, RoleBlock, RoleEnd, Select
+from frontend_lang.ir import Concat, Expr, Gen, RoleBegin, RoleBlock, RoleEnd, Select, SeparateReasoning
+from frontend_lang.reasoning import reasoning_name, split_reasoning
+from frontend_lang.typed_gen import typed_value
 
 
 class ProgramState:
@@ -41,6 +43,7 @@ class ProgramState:
         self._log_closed = False
         self._lock = threading.Lock()
         self._forks: list[ProgramState] = []
+        self._scopes: dict[str, int] = {}  # var_scope name -> where its text began
 
     # -- building ------------------------------------------------------------------------------------
 
@@ -73,6 +76,22 @@ class ProgramState:
 
     def assistant(self) -> contextmanager:  # type: ignore[valid-type]
         return self._role_block("assistant")
+
+    @contextmanager
+    def var_scope(self, name: str) -> Iterator[ProgramState]:
+        """`with s.var_scope("x"): s += ...`: s["x"] becomes the text appended inside the block."""
+        self._submit(self._begin_scope, name)
+        yield self
+        self._submit(self._end_scope, name)
+
+    @contextmanager
+    def copy(self) -> Iterator[ProgramState]:
+        """A fork of one that joins back (its new variables gathered) when the block ends."""
+        group = self.fork(1)
+        try:
+            yield group[0]
+        finally:
+            group.join()
 
     # -- reading -------------------------------------------------------------------------------------
 
@@ -232,10 +251,18 @@ class ProgramState:
             if self._role is not None and self._role[0] != expr.role:
                 raise ValueError(f"{expr.role}_end() inside a {self._role[0]} block")
             self._end_role()
+        elif isinstance(expr, SeparateReasoning):
+            self._separate_reasoning(expr)
         elif isinstance(expr, ProgramState):
             raise TypeError("cannot add a ProgramState to another; add its text() instead")
         else:
             self._append(str(expr))
+
+    def _begin_scope(self, name: str) -> None:
+        self._scopes[name] = len(self._text)
+
+    def _end_scope(self, name: str) -> None:
+        self._vars[name] = self._text[self._scopes.pop(name) :]
 
     def _begin_role(self, role: str) -> None:
         if self._role is not None:
@@ -275,7 +302,8 @@ class ProgramState:
         prompt = self._prompt()
         if prompt.in_assistant and self.backend.chat_stop_strings:
             params["stop"] = list(params.get("stop") or []) + self.backend.chat_stop_strings  # type: ignore[arg-type]
-        if self.stream:
+        samples: list[str] = []
+        if self.stream and params.get("n", 1) == 1:
             pieces = []
             for delta in self.backend.stream(prompt, params):
                 pieces.append(delta)
@@ -283,17 +311,38 @@ class ProgramState:
             text, meta = "".join(pieces), {}
         else:
             completion = self.backend.generate(prompt, params)
-            text, meta = completion.text, completion.meta_info
+            text, meta, samples = completion.text, completion.meta_info, completion.samples
             self._append(text, gen.name)
         if gen.name is not None:
-            self._vars[gen.name] = text
+            value: object = text
+            if gen.dtype is not None:
+                value = typed_value(gen.dtype, text)
+            if len(samples) > 1:  # n > 1: every sample, as SGLang keeps them (the text has the first)
+                value = [typed_value(gen.dtype, t) for t in samples] if gen.dtype is not None else samples
+            self._vars[gen.name] = value
             self._meta[gen.name] = meta
         if self._role is not None:
             self._role = (self._role[0], self._role[1], True)
 
+    def _separate_reasoning(self, expr: SeparateReasoning) -> None:
+        start = len(self._text)
+        self._run_expr(expr.expr)  # type: ignore[arg-type]
+        tail = self._text[start:]
+        for name in _named_calls(expr.expr):
+            raw = self._vars.get(name)
+            if not isinstance(raw, str):
+                continue
+            reasoning, answer = split_reasoning(raw, expr.model_type)
+            self._vars[name], self._vars[reasoning_name(name)] = answer, reasoning
+            tail = tail.replace(raw, answer, 1)
+        self._text = self._text[:start] + tail
+
     def _select(self, sel: Select) -> None:
         logprobs = self.backend.choice_logprobs(self._prompt(), sel.choices)
-        index, scores = decide(sel.choices_method, logprobs)
+        unconditional = None
+        if sel.choices_method == "unconditional_likelihood_normalized":
+            unconditional = self.backend.unconditional_logprobs(sel.choices)
+        index, scores = decide(sel.choices_method, logprobs, unconditional)
         choice = sel.choices[index]
         self._append(choice, sel.name)
         if sel.name is not None:
@@ -302,6 +351,14 @@ class ProgramState:
             self._meta[sel.name] = {"normalized_prompt_logprobs": scores, "input_token_logprobs": logprobs}
         if self._role is not None:
             self._role = (self._role[0], self._role[1], False)
+
+
+def _named_calls(expr: object) -> list[str]:
+    """The variable names of the gens and selects in an expression, in order."""
+    if isinstance(expr, (Gen, Select)):
+        return [expr.name] if expr.name is not None else []
+    parts = expr.parts if isinstance(expr, (Concat, RoleBlock)) else []
+    return [name for part in parts for name in _named_calls(part)]
 
 
 class ForkGroup(list):

@@ -13,6 +13,7 @@ from frontend_lang.chat_template import Render
 class Completion:
     text: str
     meta_info: dict[str, object] = field(default_factory=dict)  # SGLang's meta_info: tokens, finish reason, logprobs
+    samples: list[str] = field(default_factory=list)  # with n > 1: every sample's text (`text` is the first)
 
 
 @dataclass
@@ -40,8 +41,21 @@ class Backend(ABC):
     def choice_logprobs(self, prompt: Prompt, choices: list[str]) -> list[list[float]]:
         """For each choice, the logprobs of its tokens after the prompt (prompt + choice, scored once)."""
 
+    def unconditional_logprobs(self, choices: list[str]) -> list[list[float]]:
+        """Each choice's token logprobs scored alone (its first token counts 0), for
+        unconditional_likelihood_normalized."""
+        raise BackendError(f"{type(self).__name__} cannot score text without a prompt")
+
     def warm(self, text: str) -> None:
         """Compute and cache the KV of `text` now (a prefill-only request); a no-op where unsupported."""
+
+    def flush_cache(self) -> bool:
+        """Drop the server's unused prefix cache (sgl.flush_cache); False where unsupported."""
+        return False
+
+    def server_info(self) -> dict[str, object] | None:
+        """The server's settings and stats (sgl.get_server_info); None where unavailable."""
+        return None
 
 
 class BackendError(RuntimeError):

@@ -24,9 +24,11 @@ class EngineBackend(Backend):
         return lambda messages, add_generation_prompt: tok.apply_chat_template(messages, add_generation_prompt)
 
     def generate(self, prompt: Prompt, params: dict[str, object]) -> Completion:
-        out = self.engine.generate(input_ids=self.engine.encode(prompt.text), sampling_params=params)[0]
-        if out.error:
-            raise BackendError(out.error)
+        outs = self.engine.generate(input_ids=self.engine.encode(prompt.text), sampling_params=_engine_params(params))
+        out = outs[0]
+        for failed in outs:
+            if failed.error:
+                raise BackendError(failed.error)
         meta: dict[str, object] = {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
                                    "cached_tokens": out.cached_tokens, "finish_reason": out.finish_reason}
         if out.logprobs is not None:
@@ -34,14 +36,15 @@ class EngineBackend(Backend):
             meta["input_token_logprobs"] = list(out.logprobs.input_token_logprobs)
             if out.logprobs.output_top_logprobs:
                 meta["output_top_logprobs"] = list(out.logprobs.output_top_logprobs)
-        return Completion(out.text, meta)
+        return Completion(out.text, meta, [o.text for o in outs] if len(outs) > 1 else [])
 
     def stream(self, prompt: Prompt, params: dict[str, object]) -> Iterator[str]:
         deltas: queue.Queue[object] = queue.Queue()
 
         async def pump() -> None:
             try:
-                async for out in self.engine.stream(input_ids=self.engine.encode(prompt.text), sampling_params=params):
+                async for out in self.engine.stream(input_ids=self.engine.encode(prompt.text),
+                                                    sampling_params=_engine_params(params)):
                     if out.error:
                         raise BackendError(out.error)
                     deltas.put(out.delta_text)
@@ -73,5 +76,22 @@ class EngineBackend(Backend):
             scores.append([v for v, _ in out.logprobs.input_token_logprobs if v is not None])
         return scores
 
+    def unconditional_logprobs(self, choices: list[str]) -> list[list[float]]:
+        params = {"max_new_tokens": 0, "return_logprob": True, "logprob_start_len": 0}
+        outs = self.engine.generate(input_ids=[self.engine.encode(c) for c in choices], sampling_params=params)
+        return [[v or 0.0 for v, _ in out.logprobs.input_token_logprobs] if out.logprobs else [] for out in outs]
+
     def warm(self, text: str) -> None:
         self.engine.generate(input_ids=self.engine.encode(text), sampling_params={"max_new_tokens": 0})
+
+    def flush_cache(self) -> bool:
+        return self.engine.flush_cache()
+
+    def server_info(self) -> dict[str, object]:
+        return {**vars(self.engine.args), "stats": self.engine.stats()}
+
+
+def _engine_params(params: dict[str, object]) -> dict[str, object]:
+    """The request fields that are not sampling parameters of the engine: texts in logprobs are a
+    server-side formatting choice (the engine's logprobs carry token ids)."""
+    return {k: v for k, v in params.items() if k != "return_text_in_logprobs"}

@@ -13,6 +13,8 @@ from frontend_lang.chat_template import Render
 
 _OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "stop": "stop",
                   "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty", "seed": "seed"}
+_EXTRA_NAMES = {"min_new_tokens": "min_tokens"}
+_NOT_SENT = {"return_text_in_logprobs"}  # /generate's logprob formatting; nothing to ask of an OpenAI server
 
 
 class OpenAI(Backend):
@@ -27,7 +29,9 @@ class OpenAI(Backend):
 
     def _params(self, params: dict[str, object]) -> tuple[dict[str, object], dict[str, object]]:
         known = {_OPENAI_FIELDS[k]: v for k, v in params.items() if k in _OPENAI_FIELDS}
-        extra = {k: v for k, v in params.items() if k not in _OPENAI_FIELDS}
+        # Extensions go in the body by vLLM's / SGLang's names (min_tokens is theirs for min_new_tokens).
+        extra = {_EXTRA_NAMES.get(k, k): v for k, v in params.items()
+                 if k not in _OPENAI_FIELDS and k not in _NOT_SENT}
         return known, extra
 
     def generate(self, prompt: Prompt, params: dict[str, object]) -> Completion:

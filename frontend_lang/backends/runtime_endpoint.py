@@ -34,16 +34,19 @@ class RuntimeEndpoint(Backend):
         return self._render
 
     def generate(self, prompt: Prompt, params: dict[str, object]) -> Completion:
-        body: dict[str, object] = {"text": prompt.text, "sampling_params": params}
-        for key in ("return_logprob", "logprob_start_len", "top_logprobs_num"):
-            if key in params:  # top-level on /generate, as SGLang has them
-                body[key] = params[key]
-        body["sampling_params"] = {k: v for k, v in params.items() if k not in body}
-        out = self._call("POST", "/generate", body)
+        out = self._call("POST", "/generate", _body(prompt.text, params))
+        if isinstance(out, list):  # n > 1: one response per sample
+            return Completion(out[0]["text"], dict(out[0].get("meta_info") or {}), [o["text"] for o in out])
         return Completion(out["text"], dict(out.get("meta_info") or {}))
 
+    def flush_cache(self) -> bool:
+        return bool(self._call("POST", "/flush_cache").get("success"))
+
+    def server_info(self) -> dict[str, object]:
+        return self._call("GET", "/get_server_info")
+
     def stream(self, prompt: Prompt, params: dict[str, object]) -> Iterator[str]:
-        body = {"text": prompt.text, "sampling_params": params, "stream": True}
+        body = {**_body(prompt.text, params), "stream": True}
         sent = 0
         with self.client.stream("POST", "/generate", json=body) as resp:
             if resp.status_code != 200:
@@ -71,5 +74,23 @@ class RuntimeEndpoint(Backend):
         return [[v for v, _, _ in out["meta_info"]["input_token_logprobs"] if v is not None]
                 for out in (outs if isinstance(outs, list) else [outs])]
 
+    def unconditional_logprobs(self, choices: list[str]) -> list[list[float]]:
+        body = {"input_ids": [self.tokenize(c) for c in choices], "return_logprob": True, "logprob_start_len": 0,
+                "sampling_params": {"max_new_tokens": 0}}
+        outs = self._call("POST", "/generate", body)
+        return [[v or 0.0 for v, _, _ in out["meta_info"]["input_token_logprobs"]]
+                for out in (outs if isinstance(outs, list) else [outs])]
+
     def warm(self, text: str) -> None:
         self._call("POST", "/generate", {"text": text, "sampling_params": {"max_new_tokens": 0}})
+
+
+REQUEST_FIELDS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+
+
+def _body(text: str, params: dict[str, object]) -> dict[str, object]:
+    """A /generate body: the logprob switches are top-level fields, as SGLang has them."""
+    body: dict[str, object] = {"text": text}
+    body.update({k: params[k] for k in REQUEST_FIELDS if k in params})
+    body["sampling_params"] = {k: v for k, v in params.items() if k not in REQUEST_FIELDS}
+    return body
