@@ -10,10 +10,15 @@ from kernels.torch_attention import TorchAttentionBackend
 BACKENDS = ("auto", "torch", "triton")
 
 
-def get_attention_backend(name: str = "auto", device: str = "cpu") -> object:
-    """`auto` picks triton on CUDA and torch on the CPU."""
+def check_backend_name(name: str) -> None:
+    """The one check of an attention backend's name (EngineArgs.validate calls it up front)."""
     if name not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {BACKENDS}, got {name!r}")
+
+
+def get_attention_backend(name: str = "auto", device: str = "cpu") -> object:
+    """`auto` picks triton on CUDA and torch on the CPU."""
+    check_backend_name(name)
     if name == "auto":
         name = "triton" if device.startswith("cuda") else "torch"
     if name == "torch":
@@ -23,4 +28,4 @@ def get_attention_backend(name: str = "auto", device: str = "cpu") -> object:
     return TritonAttentionBackend()
 
 
-__all__ = ["AttentionMetadata", "BACKENDS", "TorchAttentionBackend", "get_attention_backend"]
+__all__ = ["AttentionMetadata", "BACKENDS", "TorchAttentionBackend", "check_backend_name", "get_attention_backend"]

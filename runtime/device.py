@@ -9,8 +9,15 @@ import torch
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "fp32": torch.float32, "bf16": torch.bfloat16}
 
 
+def check_device_name(name: str) -> None:
+    """The one check of a `--device` value's form (EngineArgs.validate calls it up front)."""
+    if not (name in ("auto", "cpu", "cuda") or name.startswith("cuda:")):
+        raise ValueError(f"device must be auto, cpu or cuda[:N], got {name!r}")
+
+
 def resolve_device(name: str) -> torch.device:
     """`auto` is cuda when CUDA is available, else cpu. Asking for cuda without it is one clear error."""
+    check_device_name(name)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda"):
@@ -21,9 +28,7 @@ def resolve_device(name: str) -> torch.device:
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise RuntimeError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here")
         return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
-    if name == "cpu":
-        return torch.device("cpu")
-    raise ValueError(f"device must be auto, cpu or cuda[:N], got {name!r}")
+    return torch.device("cpu")
 
 
 def resolve_dtype(name: str) -> torch.dtype:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from kernels import check_backend_name
+from runtime.device import check_device_name, resolve_dtype
+
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 LOAD_FORMATS = ("auto", "dummy")
 
@@ -60,16 +63,15 @@ class EngineArgs:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
         if self.kv_cache_memory_fraction is not None and not 0 < self.kv_cache_memory_fraction < 1:
             raise ValueError(f"kv_cache_memory_fraction must be in (0, 1), got {self.kv_cache_memory_fraction}")
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
+        check_backend_name(self.attention_backend)
+        resolve_dtype(self.dtype)  # raises for an unknown name; `auto` is decided when the engine is built
         if self.quantization not in (None, "int8"):  # what it needs of the device: runtime/cpu/prepare.py
             raise ValueError(f"quantization must be int8 or unset, got {self.quantization!r}")
         if self.overlap_schedule not in ("auto", "on", "off"):
             raise ValueError(f"overlap_schedule must be auto, on or off, got {self.overlap_schedule!r}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
-            raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        check_device_name(self.device)
 
     def overlap_on(self, device_type: str) -> bool:
         if self.disable_overlap_schedule or self.overlap_schedule == "off":

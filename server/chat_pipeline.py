@@ -223,10 +223,6 @@ def _reasoning(state: ServerState, body: ChatCompletionRequest, prompt: str) -> 
 # -- the answer -----------------------------------------------------------------------------------
 
 
-def finish_reason(out: Output) -> str | None:
-    return out.finish_reason
-
-
 def final_message(plan: ChatPlan, out: Output) -> tuple[AssistantMessage, str | None]:
     """The assistant message of a finished output, and its finish_reason ("tool_calls" when it calls)."""
     reasoning, text = None, out.text
@@ -234,13 +230,13 @@ def final_message(plan: ChatPlan, out: Output) -> tuple[AssistantMessage, str | 
         split = plan.reasoning.split(text, final=True)
         reasoning, text = split.reasoning or None, split.content
     if plan.tool_parser is None:
-        return AssistantMessage(content=text, reasoning_content=reasoning), finish_reason(out)
+        return AssistantMessage(content=text, reasoning_content=reasoning), out.finish_reason
     parsed = plan.tool_parser.parse(plan.tool_prefix + text, final=True)
     calls = [ToolCall(id=new_call_id(), function=ToolCallFunction(c.name, c.arguments)) for c in parsed.calls]
     content = parsed.content
     if calls and not content.strip():
         content = None  # type: ignore[assignment]
-    reason = "tool_calls" if calls and out.finish_reason == "stop" else finish_reason(out)
+    reason = "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
     return AssistantMessage(content=content, tool_calls=calls or None, reasoning_content=reasoning), reason
 
 
@@ -270,7 +266,7 @@ class ChoiceStream:
         return deltas
 
     def finish_reason(self, out: Output) -> str | None:
-        return "tool_calls" if self.called and out.finish_reason == "stop" else finish_reason(out)
+        return "tool_calls" if self.called and out.finish_reason == "stop" else out.finish_reason
 
     def _delta(self, event: Event) -> DeltaMessage:
         if isinstance(event, ContentDelta):

@@ -39,12 +39,6 @@ def usage(outs: Sequence[Output], prompts: Sequence[tuple[int, int]]) -> Usage:
     return Usage(prompt_tokens, completion, prompt_tokens + completion, PromptTokensDetails(cached))
 
 
-def finish_reason(out: Output) -> str | None:
-    if out.finish_reason == "abort":
-        return "abort"
-    return out.finish_reason
-
-
 def check_model(state: ServerState, model: str | None) -> None:
     if model is not None and model not in state.model_names:
         raise APIError(400, f"model {model!r} is not served here; available: {state.served_model_name!r}", "model")
@@ -134,23 +128,25 @@ async def completions(request: Request) -> Response:
         check_context(state, len(ids), body)
     rid = f"cmpl-{uuid.uuid4().hex}"
     state.log_request(rid, body.prompt)
+    # SGLang's `rid`: the engine's request id, so /abort_request can stop it (prompt i of several: rid.p<i>).
+    rids = [body.rid if body.rid is None or len(prompts) == 1 else f"{body.rid}.p{i}" for i in range(len(prompts))]
     if body.stream:
-        streams = [run_request(engine, state.metrics, ids, params, cache_salt=body.cache_salt, stream=True)
-                   for ids in prompts]
+        streams = [run_request(engine, state.metrics, ids, params, rid=r, cache_salt=body.cache_salt, stream=True)
+                   for ids, r in zip(prompts, rids)]
         streams = [PrimedStream(s) for s in streams]
         for stream in streams:  # submit now: bad input is a plain 400, not an error inside the event stream
             await stream.prime()
         return StreamingResponse(sse(_completion_events(state, rid, body, params.n, streams)),
                                  media_type="text/event-stream")
-    results = await asyncio.gather(*(collect(engine, state.metrics, ids, params, cache_salt=body.cache_salt)
-                                     for ids in prompts))
+    results = await asyncio.gather(*(collect(engine, state.metrics, ids, params, rid=r, cache_salt=body.cache_salt)
+                                     for ids, r in zip(prompts, rids)))
     choices, outs, prompt_usage = [], [], []
     for p, group in enumerate(results):
         prompt_usage.append((group[0].prompt_tokens, group[0].cached_tokens))
         for out in group:
             outs.append(out)
             choices.append(CompletionChoice(index=p * params.n + out.index, text=out.text,
-                                            finish_reason=finish_reason(out),
+                                            finish_reason=out.finish_reason,
                                             logprobs=_completion_logprobs(state, out) if body.logprobs is not None else None))
     state.log_response(rid, [c.text for c in choices])
     return json_response(CompletionResponse(id=rid, created=int(time.time()), model=state.served_model_name,
@@ -170,7 +166,7 @@ async def _completion_events(state: ServerState, rid: str, body: CompletionReque
             finals.append(out)
         if not out.delta_text and not out.finished:
             continue
-        choice = CompletionChoice(index=p * n + out.index, text=out.delta_text, finish_reason=finish_reason(out))
+        choice = CompletionChoice(index=p * n + out.index, text=out.delta_text, finish_reason=out.finish_reason)
         yield msgspec.json.encode(CompletionResponse(id=rid, created=created, model=state.served_model_name,
                                                      choices=[choice]))
     if body.stream_options is not None and body.stream_options.include_usage:
@@ -208,11 +204,11 @@ async def chat_completions(request: Request) -> Response:
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     state.log_request(rid, body.messages)
     if body.stream:
-        stream = PrimedStream(run_request(engine, state.metrics, plan.ids, plan.params, cache_salt=body.cache_salt,
-                                          stream=True))
+        stream = PrimedStream(run_request(engine, state.metrics, plan.ids, plan.params, rid=body.rid,
+                                          cache_salt=body.cache_salt, stream=True))
         await stream.prime()
         return StreamingResponse(sse(_chat_events(state, rid, body, stream, plan)), media_type="text/event-stream")
-    outs = await collect(engine, state.metrics, plan.ids, plan.params, cache_salt=body.cache_salt)
+    outs = await collect(engine, state.metrics, plan.ids, plan.params, rid=body.rid, cache_salt=body.cache_salt)
     choices = []
     for o in outs:
         message, reason = final_message(plan, o)

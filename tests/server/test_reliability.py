@@ -270,3 +270,22 @@ def test_a_dead_loop_fails_health_instead_of_hanging(tiny_folder: Path) -> None:
             _assert_error(httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30), 503)
     finally:
         engine.shutdown()
+
+
+def test_rid_on_an_openai_route_can_be_aborted(small_server: RunningServer) -> None:
+    """SGLang's `rid` on the OpenAI routes names the engine request: /abort_request stops it."""
+    body = {"prompt": "a b c", "max_tokens": 240, "temperature": 0, "ignore_eos": True, "stream": True,
+            "rid": "stop-me"}
+    reasons = []
+    with httpx.stream("POST", small_server.url + "/v1/completions", json=body, timeout=120) as resp:
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choice = json.loads(line[len("data: "):])["choices"]
+            if choice and choice[0]["text"] and not reasons:
+                reasons.append("streaming")
+                assert httpx.post(small_server.url + "/abort_request", json={"rid": "stop-me"}).status_code == 200
+            if choice and choice[0]["finish_reason"]:
+                reasons.append(choice[0]["finish_reason"])
+    assert reasons == ["streaming", "abort"]
+    _ok(small_server)
