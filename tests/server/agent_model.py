@@ -7,7 +7,8 @@ twist: when the last message is the user's, the generation prompt ends with the 
 the call: the grammar makes the model write one of the request's tools by name, with arguments
 that match its schema, then close the tag and end the turn. After a `tool` message the prompt
 has no tag, so the model answers in free text, bounded by max_tokens (or its end-of-sequence
-token). A real hermes model gets the same treatment; it just opens the tag itself.
+token). With `chat_template_kwargs={"think": true}` the prompt ends inside `<think>` instead (as
+Qwen3 thinking models' templates do), for the reasoning parser. A real hermes model gets the same treatment; it just opens the tag itself.
 
 As Qwen's vocabulary does, the tokenizer has the markup as single tokens (`<tool_call>`, and a
 few of the call's JSON pieces), so a call is some 25 tokens rather than 70 bytes: the tests stay
@@ -38,7 +39,8 @@ AGENT_TEMPLATE = (
     "{% elif m['role'] == 'tool' %}tool: {{ m['content'] }}\n"
     "{% else %}{{ m['role'] }}: {{ m['content'] }}\n{% endif %}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}assistant:{% if messages[-1]['role'] == 'user' %}<tool_call>{% endif %}{% endif %}"
+    "{% if add_generation_prompt %}assistant:{% if think is defined and think %}<think>"
+    "{% elif messages[-1]['role'] == 'user' %}<tool_call>{% endif %}{% endif %}"
 )
 
 

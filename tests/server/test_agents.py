@@ -176,20 +176,25 @@ def test_pydantic_ai_agent_with_a_tool(url: str) -> None:
     assert isinstance(result.output, str)
 
 
-def test_reasoning_and_template_kwargs(client: openai.OpenAI) -> None:
-    resp = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=8, temperature=0,
-                                          extra_body={"reasoning_parser": "deepseek_r1"})
-    message = resp.choices[0].message
+def test_reasoning_and_template_kwargs(client: openai.OpenAI, url: str) -> None:
+    assert httpx.get(url + "/get_server_info").json()["reasoning_parser_resolved"] == "qwen3"  # <think> in template
+    think = {"chat_template_kwargs": {"think": True}}  # the template then opens <think> in the prompt
+    resp = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=8, temperature=0, extra_body=think)
     plain = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=8, temperature=0)
-    # R1 reasons until </think>: a random model never closes it, so it is all reasoning.
-    assert message.reasoning_content == plain.choices[0].message.content and not message.content
-    chunks = list(client.chat.completions.create(model="tiny", messages=ASK, max_tokens=8, temperature=0, stream=True,
-                                                 extra_body={"reasoning_parser": "deepseek_r1"}))
+    message = resp.choices[0].message
+    assert resp.usage.prompt_tokens > plain.usage.prompt_tokens  # the kwarg reached the template
+    assert message.reasoning_content and not message.content  # a random model never closes </think>
+    assert plain.choices[0].message.reasoning_content is None
+    chunks = list(client.chat.completions.create(model="tiny", messages=ASK, max_tokens=8, temperature=0,
+                                                 stream=True, extra_body=think))
     streamed = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
     assert streamed == message.reasoning_content
-    bad = client.chat.completions.with_raw_response.create  # chat_template_kwargs reach the template:
+    r1 = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=8, temperature=0,
+                                        extra_body={"reasoning_parser": "deepseek_r1"})  # reasons until </think>
+    assert r1.choices[0].message.reasoning_content == plain.choices[0].message.content
     with pytest.raises(openai.BadRequestError) as err:
-        bad(model="tiny", messages=ASK, max_tokens=2, extra_body={"chat_template_kwargs": {"tokenize": True}})
+        client.chat.completions.create(model="tiny", messages=ASK, max_tokens=2,
+                                       extra_body={"chat_template_kwargs": {"tokenize": True}})
     assert err.value.body["param"] == "chat_template_kwargs.tokenize"
 
 
