@@ -227,3 +227,15 @@ def test_a_control_token_trigger_is_matched_as_that_token(tmp_path: Path) -> Non
     assert all(matcher.accept_token(t) for t in ids) and matcher.accept_token(1) and matcher.is_terminated()
     text = tok.decode(ids, skip_special_tokens=False)  # the parser reads it with special tokens kept
     assert whole(PARSERS["mistral"](TOOLS), text) == ("ok ", [("add", '{"a": 1}')])
+
+
+def test_parser_flags_take_vllm_and_sglang_names_and_refuse_unknown_ones() -> None:
+    from server.cli import check_parser_flags, parse
+
+    _, settings = parse(["--tool-call-parser", "qwen25", "--reasoning-parser", "deepseek-r1"])
+    check_parser_flags(settings)  # SGLang's and vLLM's spellings are aliases
+    assert (settings.tool_call_parser, settings.reasoning_parser) == ("qwen25", "deepseek-r1")
+    for flags, name in ((["--tool-call-parser", "nope"], "tool_call_parser"), (["--reasoning-parser", "x"],
+                                                                                "reasoning_parser")):
+        with pytest.raises(ValueError, match=f"^{name}: unknown parser"):
+            check_parser_flags(parse(flags)[1])
