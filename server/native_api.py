@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from runtime import Output, SamplingParams
+from runtime.output import Logprobs
 from server.engine_client import PrimedStream, collect, run_request
 from server.errors import APIError, bad_request
 from server.openai_api import json_response, sse
@@ -88,7 +89,7 @@ def _batch(body: GenerateRequest, state: ServerState) -> list[list[int]]:
         raise bad_request(exc) from exc
 
 
-def _meta(state: ServerState, out: Output, with_text: bool = True) -> MetaInfo:
+def _meta(state: ServerState, out: Output, with_text: bool = True, logprobs: bool = False) -> MetaInfo:
     reason = None
     if out.finish_reason is not None:
         reason = FinishReason(type=out.finish_reason, matched=out.matched_stop,
@@ -96,8 +97,8 @@ def _meta(state: ServerState, out: Output, with_text: bool = True) -> MetaInfo:
                               message=out.error)
     meta = MetaInfo(id=out.rid, prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
                     cached_tokens=out.cached_tokens, finish_reason=reason)
-    lp = out.logprobs
-    if lp is not None:
+    lp = out.logprobs if out.logprobs is not None or not logprobs else Logprobs()
+    if lp is not None:  # asked for: all four lists, empty where there is nothing (SGLang's client indexes them)
         text = state.token_text if with_text else (lambda token: None)
         meta.output_token_logprobs = [(v, t, text(t)) for v, t in lp.output_token_logprobs]
         meta.input_token_logprobs = [(v, t, text(t)) for v, t in lp.input_token_logprobs]
@@ -107,8 +108,8 @@ def _meta(state: ServerState, out: Output, with_text: bool = True) -> MetaInfo:
     return meta
 
 
-def _response(state: ServerState, out: Output, with_text: bool = True) -> GenerateResponse:
-    return GenerateResponse(text=out.text, output_ids=out.token_ids, meta_info=_meta(state, out, with_text))
+def _response(state: ServerState, out: Output, with_text: bool = True, logprobs: bool = False) -> GenerateResponse:
+    return GenerateResponse(text=out.text, output_ids=out.token_ids, meta_info=_meta(state, out, with_text, logprobs))
 
 
 def _rids(rid: str | list[str] | None, count: int) -> list[str | None]:
@@ -143,21 +144,23 @@ async def generate(request: Request) -> Response:
         stream = PrimedStream(run_request(state.engine, state.metrics, prompts[0], params[0],
                                           rid=rids[0], cache_salt=salts[0], stream=True))
         await stream.prime()
-        return StreamingResponse(sse(_events(state, stream, with_text)), media_type="text/event-stream")
+        return StreamingResponse(sse(_events(state, stream, with_text, params[0].return_logprob)),
+                                 media_type="text/event-stream")
     state.log_request("generate", body.text or body.input_ids)
     groups = await asyncio.gather(*(
         collect(state.engine, state.metrics, ids, p, rid=rids[i], cache_salt=salts[i])
         for i, (ids, p) in enumerate(zip(prompts, params))))
-    outs = [_response(state, o, with_text) for group in groups for o in group]
+    outs = [_response(state, o, with_text, p.return_logprob) for group, p in zip(groups, params) for o in group]
     single = isinstance(body.text, str) or (body.input_ids and isinstance(body.input_ids[0], int))
     return json_response(outs[0] if single and len(outs) == 1 else outs)
 
 
-async def _events(state: ServerState, stream: AsyncIterator[Output], with_text: bool) -> AsyncIterator[bytes]:
+async def _events(state: ServerState, stream: AsyncIterator[Output], with_text: bool,
+                  logprobs: bool) -> AsyncIterator[bytes]:
     async for out in stream:
         if out.error:
             raise APIError(500, out.error)
-        yield msgspec.json.encode(_response(state, out, with_text))
+        yield msgspec.json.encode(_response(state, out, with_text, logprobs))
 
 
 async def flush_cache(request: Request) -> Response:
