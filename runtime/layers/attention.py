@@ -9,13 +9,10 @@ from runtime.context import get_context
 
 
 class PagedAttention(nn.Module):
-    def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 window: int | None = None) -> None:
+    def __init__(self, layer_id: int, scale: float, window: int | None = None) -> None:
+        """layer_id: which of the pool's per-layer K/V caches; window: sliding-window size (None: global)."""
         super().__init__()
         self.layer_id = layer_id
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
         self.scale = scale
         self.window = window
 

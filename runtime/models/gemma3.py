@@ -29,8 +29,7 @@ class Gemma3Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, unit_offset=True)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, unit_offset=True)
         self.is_sliding = config.layer_types[layer_id] == "sliding_attention"
-        self.attn = PagedAttention(layer_id, self.num_heads, self.num_kv_heads, self.head_dim,
-                                   config.query_pre_attn_scalar**-0.5, layer_window(config, layer_id))
+        self.attn = PagedAttention(layer_id, config.query_pre_attn_scalar**-0.5, layer_window(config, layer_id))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)

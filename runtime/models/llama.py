@@ -45,8 +45,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=bias and not self.qkv_bias_default)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
-        self.attn = PagedAttention(layer_id, self.num_heads, self.num_kv_heads, self.head_dim,
-                                   self.head_dim**-0.5, layer_window(config, layer_id))
+        self.attn = PagedAttention(layer_id, self.head_dim**-0.5, layer_window(config, layer_id))
         self.sizes = [q_size, kv_size, kv_size]
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
