@@ -149,3 +149,23 @@ def test_kv_written_is_tracked_by_the_manager_alone() -> None:
     assert req.kv_len == 4 and req.allocated >= 4 and req.row is not None
     h.run()
     assert req.row is None and req.kv_len == req.allocated == req.locked_len == 0
+
+
+def test_a_step_plan_is_in_kernel_order_and_packs_into_the_declared_layout() -> None:
+    from runtime.forward_batch import HostBatch
+    from runtime.step import PACKED_LAYOUT, section_sizes
+
+    h = Harness.make(slots=256, chunked_prefill_size=64, max_prefill_tokens=64)
+    decoding = h.submit([1, 2, 3], max_new_tokens=8)
+    h.step()
+    newcomer = h.submit(list(range(10, 20)), max_new_tokens=8)
+    plan = h.scheduler.schedule()  # the decode was planned first, the prefill after it ...
+    assert plan.reqs == [newcomer, decoding]  # ... but a plan lists extends first (kernel order)
+    assert [len(e.token_ids) for e in plan.entries] == [10, 1]
+    packed = HostBatch.pack(plan.entries, h.kv.table)
+    sizes = section_sizes(tokens=11, reqs=2, logit_rows=2, futures=0)
+    assert packed.sizes() == sizes and packed.host.numel() == sum(sizes) and len(sizes) == len(PACKED_LAYOUT)
+    ids, positions, rows, _, logit_rows, _ = packed.split(packed.host)
+    assert ids.tolist() == list(range(10, 20)) + [TOKEN]
+    assert positions.tolist() == list(range(10)) + [3]
+    assert rows.tolist() == [newcomer.row, decoding.row] and logit_rows.tolist() == [9, 10]
