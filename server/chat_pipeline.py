@@ -57,6 +57,7 @@ def sampling_params(req: SamplingFields, default_max: int, extra_stop: Sequence[
         "stop": stop + [s for s in extra_stop if s not in stop],
         "stop_token_ids": list(req.stop_token_ids or []),
         "ignore_eos": req.ignore_eos,
+        "min_new_tokens": req.min_tokens,
         "n": req.n,
         "seed": req.seed,
         "skip_special_tokens": req.skip_special_tokens,

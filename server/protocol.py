@@ -51,6 +51,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     min_p: float | None = None
     repetition_penalty: float | None = None
     ignore_eos: bool = False
+    min_tokens: int = 0  # vLLM's / SGLang's: no EOS, stop token or stop string before this many tokens
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     cache_salt: str | None = None

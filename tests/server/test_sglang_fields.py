@@ -118,3 +118,42 @@ def test_health_generate_and_model_info(server: RunningServer) -> None:
     assert resp.status_code == 200 and resp.json()["status"] == "ok"
     info = httpx.get(server.url + "/get_model_info").json()
     assert {"model_path", "tokenizer_path", "is_generation", "weight_version"} <= set(info)
+
+
+def test_openai_routes_take_min_tokens(server: RunningServer) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="none")
+    free = client.completions.create(model="tiny", prompt="hello", max_tokens=6, temperature=0)
+    stop = free.choices[0].text[1:3]
+    held = client.completions.create(model="tiny", prompt="hello", max_tokens=6, temperature=0, stop=[stop],
+                                     extra_body={"min_tokens": 6})
+    assert held.choices[0].text == free.choices[0].text and held.usage.completion_tokens == 6
+
+
+def _sglang_fields(relative: str, class_name: str) -> set[str]:
+    """The annotated fields of one of SGLang's classes, read from its installed source (not imported)."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("sglang is not installed (make test installs it)")
+    tree = ast.parse((Path(spec.submodule_search_locations[0]) / relative).read_text())
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == class_name)
+    return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+def test_every_field_sglang_defines_has_a_place() -> None:
+    from runtime import SamplingParams
+    from server import sglang_compat as compat
+    from server.protocol import GenerateRequest
+
+    ours = set(SamplingParams.__dataclass_fields__)
+    sampling = _sglang_fields("srt/sampling/sampling_params.py", "SamplingParams")
+    placed = ours | compat.SAMPLING_HINTS | set(compat.SAMPLING_REFUSED) | set(compat.SAMPLING_ALIASES)
+    assert sampling - placed == set()
+    request = _sglang_fields("srt/managers/io_struct.py", "GenerateReqInput")
+    placed = set(GenerateRequest.__struct_fields__) | compat.REQUEST_HINTS | set(compat.REQUEST_REFUSED)
+    assert request - placed == set()
