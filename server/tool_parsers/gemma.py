@@ -5,8 +5,9 @@
     ```
 
 the form of Google's Gemma 3 function-calling examples (results go back in a `tool_output`
-fence). Gemma has no tool token; a fence that does not hold calls of the request's tools stays
-content. One call per line or a list of calls; sent whole once the fence closes."""
+fence), and the bare `[get_weather(city="Paris")]` list its function-calling guide's Python-style
+prompt asks for. Gemma has no tool token; a block that does not hold calls of the request's
+tools stays content. One call per line or a list of calls; sent whole once the block closes."""
 
 from __future__ import annotations
 
@@ -14,17 +15,20 @@ from typing import ClassVar
 
 from server.tool_parsers.base import PENDING, Block, ToolParser
 from server.tool_parsers.python_calls import read_calls
+from server.tool_parsers.pythonic import PythonicParser
 
 OPEN, CLOSE = "```tool_code", "```"
 
 
 class GemmaParser(ToolParser):
     name: ClassVar[str] = "gemma"
-    opening: ClassVar[str] = r"```tool_code"
+    opening: ClassVar[str] = r"```tool_code|" + PythonicParser.opening
     trigger: ClassVar[str] = OPEN
     constrained: ClassVar[bool] = False
 
     def read_block(self, text: str, start: int, final: bool) -> Block | str | None:
+        if not text.startswith(OPEN, start):
+            return PythonicParser.read_block(self, text, start, final)  # type: ignore[arg-type]
         body = start + len(OPEN)
         close = text.find(CLOSE, body)
         if close < 0:

@@ -110,6 +110,12 @@ def test_streamed_parse_equals_the_whole_parse_at_every_cut(fmt: str, parts: lis
     assert streamed(parser, [text]) == expected
 
 
+def test_gemma_takes_the_fence_and_the_bare_list() -> None:
+    parser = PARSERS["gemma"](TOOLS)
+    for text in ('```tool_code\nadd(a=1)\n```', '[add(a=1)]', '```tool_code\nadd(a=1)\nnoop()\n```'):
+        assert parser.parse(text).calls[0].arguments == '{"a": 1}' and not parser.parse(text).content
+
+
 @pytest.mark.parametrize("text", ["<tool_call>\n{\"name\": \"nope\", \"arguments\": {}}\n</tool_call>",
                                   "<tool_call>{not json}</tool_call>", "<tool_call>\n{\"name\": \"get_wea",
                                   "I'd use <tool_call> here", "[TOOL_CALLS] nothing", "[1, 2]"])
