@@ -20,10 +20,14 @@ DEFAULT_TIER = "device"  # a node without a `tier` attribute (no host/disk tiers
 
 
 def node_tier(node: object) -> str:
-    """The node's tier name: its `tier` attribute (a string or an enum with a string value), else "device"."""
+    """The node's tier name: its `tier` attribute (a string or an enum with a string value) if it
+    has one; else "device" while its KV is in the pool (`on_device`, true without tiers), else the
+    tier its lower-tier handle names (`handle.tier`: "host", "disk"), "lower" if it names none."""
     tier = getattr(node, "tier", None)
     if tier is None:
-        return DEFAULT_TIER
+        if getattr(node, "on_device", True):
+            return DEFAULT_TIER
+        tier = getattr(getattr(node, "handle", None), "tier", None) or "lower"
     return str(getattr(tier, "value", tier))
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radix.tree_view import DEFAULT_LIMIT, cache_snapshot, check_page
 from runtime.cpu import serial_on_this_thread
 from runtime.default_model import resolve_model_path
 from runtime.detokenizer import IncrementalDetokenizer
@@ -249,14 +250,39 @@ class Engine:
         """Abort a request (with n > 1, all its samples); unknown or finished ids are ignored."""
         self.loop.post(lambda: self.loop.abort(rid))
 
-    def pin_prefix(self, key: str, token_ids: Sequence[int], ttl_s: float, cache_salt: str | None = None) -> None:
-        """Keep the cached prefix of `token_ids` (a finished conversation) from eviction for `ttl_s`
-        seconds, under `key` (pinning a key again replaces its pin). Bounded: runtime/prefix_pins.py."""
+    def pin_prefix(self, key: str, token_ids: Sequence[int], ttl_s: float, cache_salt: str | None = None,
+                   priority: int = 0) -> None:
+        """Retain the cached prefix of `token_ids` (a finished conversation, a prompt that asked for
+        retention) for `ttl_s` seconds, under `key` (pinning a key again replaces its pin): evicted
+        last, lower `priority` first. Bounded: runtime/prefix_pins.py."""
         ids = list(token_ids)
-        self.loop.post(lambda: self.loop.pins.pin(key, ids, ttl_s, cache_salt))
+        self.loop.post(lambda: self.loop.pins.pin(key, ids, ttl_s, cache_salt, priority))
 
     def unpin_prefix(self, key: str) -> None:
         self.loop.post(lambda: self.loop.pins.unpin(key))
+
+    def cache_snapshot(self, offset: int = 0, limit: int = DEFAULT_LIMIT) -> dict[str, object]:
+        """One page of the prefix cache's tree, read on the engine thread (radix/tree_view.py), with
+        the pool's fill and the retained prefixes' share. ValueError names a bad offset or limit."""
+        check_page(offset, limit)
+        result: list[dict[str, object]] = []
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                kv, pins = self.kv, self.loop.pins
+                page = cache_snapshot(kv.cache, offset, limit, retained=pins.retained(),
+                                      capacities={"device": kv.allocator.num_slots})
+                page["retention"] = pins.summary()
+                page["pool"] = {key: self.loop.stats()[f"slots_{key}"] for key in ("free", "cached", "in_use", "total")}
+                result.append(page)
+            finally:
+                done.set()
+
+        self.loop.post(run)
+        if not done.wait(timeout=60) or not result:
+            raise RuntimeError("the engine loop did not answer the cache snapshot")
+        return result[0]
 
     def flush_cache(self) -> bool:
         result: list[bool] = []

@@ -16,7 +16,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime import Engine
-from server import native_api, openai_api, responses_api
+from server import cache_api, native_api, openai_api, responses_api
 from server.errors import APIError, error_response
 from server.openapi import openapi_document
 from server.response_store import ResponseStore
@@ -100,6 +100,8 @@ def build_app(engine: Engine, settings: ServerSettings | None = None,
         Route("/health", native_api.health, methods=["GET"]),
         Route("/health_generate", native_api.health_generate, methods=["GET"]),
         Route("/metrics", _metrics, methods=["GET"]),
+        Route("/cache", cache_api.cache_tree, methods=["GET"]),  # the live view (server/cache_api.py)
+        Route("/cache/view", cache_api.cache_view, methods=["GET"]),
         Route("/openapi.json", _openapi, methods=["GET"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={

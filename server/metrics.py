@@ -1,5 +1,11 @@
 """Prometheus metrics: engine gauges and counters read from `Engine.stats()` at scrape time, and
-latency histograms (TTFT, inter-token, end-to-end) observed by the request handlers."""
+latency histograms (TTFT, inter-token, end-to-end) observed by the request handlers.
+
+Beside our names, the prefix cache's counters also go out under the names the peers' dashboards
+read: vLLM's `vllm:prefix_cache_queries` / `vllm:prefix_cache_hits` (counters in tokens: prompt
+tokens looked up, and those found cached; labelled model_name and engine as vLLM does) and
+SGLang's `sglang:cache_hit_rate` (a gauge, labelled model_name).
+"""
 
 from __future__ import annotations
 
@@ -15,8 +21,9 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 
 
 class EngineCollector(Collector):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, model_name: str = "") -> None:
         self.engine = engine
+        self.model_name = model_name
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         s = self.engine.stats()
@@ -34,12 +41,28 @@ class EngineCollector(Collector):
                                   s["cached_tokens_total"])
         yield CounterMetricFamily("radixserve_generation_tokens", "Tokens generated", s["generated_tokens_total"])
         yield CounterMetricFamily("radixserve_retractions", "Requests preempted for KV room", s["retractions_total"])
+        yield from self._peer_names(s)
+
+    def _peer_names(self, s: dict[str, float]) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """The prefix-cache numbers under vLLM's and SGLang's names (their dashboards' queries)."""
+        vllm_labels, model = ["model_name", "engine"], [self.model_name, "0"]
+        queries = CounterMetricFamily("vllm:prefix_cache_queries",
+                                      "Prefix cache queries, in terms of number of queried tokens.", labels=vllm_labels)
+        queries.add_metric(model, s["prompt_tokens_total"])
+        yield queries
+        hits = CounterMetricFamily("vllm:prefix_cache_hits",
+                                   "Prefix cache hits, in terms of number of cached tokens.", labels=vllm_labels)
+        hits.add_metric(model, s["cached_tokens_total"])
+        yield hits
+        rate = GaugeMetricFamily("sglang:cache_hit_rate", "The prefix cache hit rate.", labels=["model_name"])
+        rate.add_metric([self.model_name], s["cache_hit_rate"])
+        yield rate
 
 
 class Metrics:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, model_name: str = "") -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(EngineCollector(engine))
+        self.registry.register(EngineCollector(engine, model_name))
         self.ttft = Histogram("radixserve_time_to_first_token_seconds", "Time to first token",
                               buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.itl = Histogram("radixserve_inter_token_latency_seconds", "Time between streamed tokens",

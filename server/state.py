@@ -48,7 +48,7 @@ class ServerState:
     started: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
-        self.metrics = Metrics(self.engine)
+        self.metrics = Metrics(self.engine, self.served_model_name)
         self._token_text = lru_cache(maxsize=65536)(self._decode_token)
         self.tool_call_parser, self.reasoning_parser = resolve_parsers(self.engine, self.settings)
 

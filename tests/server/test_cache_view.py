@@ -1,0 +1,134 @@
+"""The live view of the prefix cache: GET /cache (JSON pages of the radix tree), GET /cache/view
+(drawn in headless Chromium), and the peers' prefix-cache metric names on /metrics."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.server.harness import RunningServer
+
+PREFIX = list(range(10, 50))  # 40 shared tokens
+
+
+def _generate(url: str, ids: list[int]) -> dict:
+    response = httpx.post(f"{url}/generate", json={"input_ids": ids, "sampling_params": {
+        "max_new_tokens": 2, "temperature": 0}}, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _all_nodes(url: str, limit: int = 1000) -> tuple[list[dict], dict]:
+    nodes: list[dict] = []
+    offset = 0
+    while True:
+        page = httpx.get(f"{url}/cache", params={"offset": offset, "limit": limit}, timeout=30).json()
+        nodes.extend(page["nodes"])
+        offset += limit
+        if offset >= page["total_nodes"]:
+            return nodes, page
+
+
+@pytest.fixture(scope="module")
+def warm(server: RunningServer) -> RunningServer:
+    """Two prompts sharing a 40-token prefix, the second sent twice (its prefix is hit)."""
+    httpx.post(f"{server.url}/flush_cache", timeout=30)
+    _generate(server.url, PREFIX + [60, 61, 62])
+    _generate(server.url, PREFIX + [70, 71])
+    _generate(server.url, PREFIX + [70, 71])
+    return server
+
+
+def test_cache_json_reports_the_tree(warm: RunningServer) -> None:
+    nodes, page = _all_nodes(warm.url)
+    assert page["total_nodes"] == len(nodes) and len({n["id"] for n in nodes}) == len(nodes)
+    ids = {n["id"] for n in nodes}
+    assert all(n["parent"] in ids for n in nodes if not n["namespace_root"])
+    shared = [n for n in nodes if n["key_preview"] == PREFIX[:8]]
+    assert len(shared) == 1
+    assert shared[0]["tokens"] >= 40 and shared[0]["tier"] == "device"
+    assert shared[0]["hits"] >= 2  # the second and third prompts walked through it
+    assert shared[0]["age_s"] >= 0 and shared[0]["lock_ref"] == 0 and shared[0]["retained_for_s"] is None
+    device = page["tiers"]["device"]
+    assert device["tokens"] == sum(n["tokens"] for n in nodes) == page["pool"]["cached"]
+    assert device["capacity"] == page["pool"]["total"] == 4096
+    assert page["retention"]["max_tokens"] == 4096 // 4
+    # pages of two cover the same nodes in the same order
+    paged, _ = _all_nodes(warm.url, limit=2)
+    assert [n["id"] for n in paged] == [n["id"] for n in nodes]
+
+
+@pytest.mark.parametrize(("query", "field"), [
+    ("offset=-1", "offset"), ("limit=0", "limit"), ("limit=1001", "limit"), ("limit=ten", "limit"),
+    ("offset=1.5", "offset")])
+def test_bad_page_values_are_400(warm: RunningServer, query: str, field: str) -> None:
+    response = httpx.get(f"{warm.url}/cache?{query}", timeout=30)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == field and field in error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_view_is_one_self_contained_page(warm: RunningServer) -> None:
+    response = httpx.get(f"{warm.url}/cache/view", timeout=30)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    page = response.text
+    assert "<script>" in page and "../cache?offset=" in page
+    assert "src=" not in page and "<link" not in page and "http://" not in page and "https://" not in page
+
+
+class _NodeCounter(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.node_ids: list[int] = []
+        self.tier_rows: list[str] = []
+        self.loaded = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if found.get("data-node-id") is not None:
+            self.node_ids.append(int(found["data-node-id"] or -1))
+        if found.get("data-tier") is not None and "bar-row" in (found.get("class") or ""):
+            self.tier_rows.append(found["data-tier"] or "")
+        if tag == "body" and found.get("data-loaded") == "true":
+            self.loaded = True
+
+
+def _chromium(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                           "--no-first-run", "--virtual-time-budget=4000", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None,
+                    reason="headless Chromium is not installed (Debian: apt-get install chromium); "
+                           "the page's drawing is not checked")
+def test_page_draws_every_node_in_chromium(warm: RunningServer, tmp_path: Path) -> None:
+    nodes, _ = _all_nodes(warm.url)
+    dom = _chromium("--dump-dom", f"{warm.url}/cache/view")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    parsed = _NodeCounter()
+    parsed.feed(dom.stdout)
+    assert parsed.loaded, "the page never drew a snapshot: " + dom.stdout[-2000:]
+    assert sorted(parsed.node_ids) == sorted(n["id"] for n in nodes)  # one element per node, no more
+    assert parsed.tier_rows[:1] == ["device"] and "retained" in parsed.tier_rows
+    shot = tmp_path / "cache_view.png"
+    taken = _chromium("--window-size=1100,700", f"--screenshot={shot}", f"{warm.url}/cache/view")
+    assert taken.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", taken.stderr[-2000:]
+
+
+def test_metrics_carry_the_peers_prefix_cache_names(warm: RunningServer) -> None:
+    stats = httpx.get(f"{warm.url}/get_server_info", timeout=30).json()["stats"]
+    text = httpx.get(f"{warm.url}/metrics", timeout=30).text
+    samples = {s.name: s for family in text_string_to_metric_families(text) for s in family.samples}
+    queries, hits = samples["vllm:prefix_cache_queries_total"], samples["vllm:prefix_cache_hits_total"]
+    assert queries.labels == {"model_name": "tiny", "engine": "0"}
+    assert queries.value == stats["prompt_tokens_total"] >= 3 * 40
+    assert hits.value == stats["cached_tokens_total"] >= 2 * 40  # tokens, as vLLM counts them
+    rate = samples["sglang:cache_hit_rate"]
+    assert rate.labels == {"model_name": "tiny"} and rate.value == pytest.approx(hits.value / queries.value)
