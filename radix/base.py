@@ -12,6 +12,7 @@ the allocator, held by the cache, or held by a running request.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Hashable, NamedTuple, Sequence
 
 import torch
@@ -53,6 +54,15 @@ class BasePrefixCache(ABC):
 
     def total_size(self) -> int:
         return self.evictable_size() + self.protected_size()
+
+    def promote(self, token_ids: Sequence[int], extra_key: ExtraKey, alloc: Callable[[int], torch.Tensor | None]) -> int:
+        """Bring a prompt's demoted prefix back onto the device (a cache with lower tiers:
+        radix/tiers.py); returns the tokens promoted. Without tiers there is nothing to do."""
+        return 0
+
+    def lower_size(self) -> int:
+        """Tokens whose KV lives only in a lower tier."""
+        return 0
 
     @abstractmethod
     def reset(self) -> None: ...

@@ -81,7 +81,8 @@ class Engine:
             load_format=a.load_format, page_size=a.page_size, kv_cache_memory_fraction=a.kv_cache_memory_fraction,
             max_kv_cache_tokens=a.max_kv_cache_tokens,
             cuda_graph_max_bs=None if a.disable_cuda_graph else a.cuda_graph_max_bs, quantization=a.quantization,
-            prefix_cache=a.enable_prefix_cache), config)
+            prefix_cache=a.enable_prefix_cache, kv_host_tier_tokens=a.kv_host_tier_tokens or 0,
+            kv_host_tier_gib=a.kv_host_tier_gib, kv_disk_dir=a.kv_disk_dir, kv_disk_gib=a.kv_disk_gib), config)
         self.device = self.runner.device
         self.context_len = self.runner.context_len
         self.kv = self.runner.kv  # the KV state's one owner, handed to the scheduler and the loop
@@ -271,6 +272,7 @@ class Engine:
         def run() -> None:
             try:
                 kv, pins = self.kv, self.loop.pins
+                pins.expire()  # a retention whose time is up is not shown
                 page = cache_snapshot(kv.cache, offset, limit, retained=pins.retained(),
                                       capacities={"device": kv.allocator.num_slots})
                 page["retention"] = pins.summary()
@@ -318,6 +320,7 @@ class Engine:
         if not self._closed:
             self._closed = True
             self.loop.stop()
+            self.kv.close()
 
     def __enter__(self) -> Engine:
         return self

@@ -40,6 +40,14 @@ class EngineArgs:
     schedule_policy: str = field(default="lpm", metadata={"help": "lpm (longest prefix match), dfs-weight or fcfs"})
     lpm_fallback_queue_len: int = field(default=128, metadata={"help": "past this many waiting requests, lpm falls back to fcfs"})
     enable_prefix_cache: bool = field(default=True, metadata={"help": "share KV of common prefixes (the radix cache)"})
+    kv_host_tier_tokens: int | None = field(default=None, metadata={
+        "help": "host tier of the prefix cache, in tokens: KV evicted from the pool is kept in host memory "
+                "and brought back on a hit (default: off)"})
+    kv_host_tier_gib: float | None = field(default=None, metadata={"help": "the host tier's size in GiB instead"})
+    kv_disk_dir: str | None = field(default=None, metadata={
+        "help": "disk tier of the prefix cache: every cached prefix is also written here and found again "
+                "after a restart (default: off)"})
+    kv_disk_gib: float = field(default=4.0, metadata={"help": "bound on the disk tier's files, GiB"})
     attention_backend: str = field(default="auto", metadata={"help": "auto, torch or triton"})
     cuda_graph_max_bs: int = field(default=256, metadata={
         "help": "capture decode CUDA graphs for batch sizes up to this (CUDA only; capped at --max-running-requests)"})
@@ -56,11 +64,15 @@ class EngineArgs:
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
 
-        for name in ("cuda_graph_max_bs", "page_size", "max_running_requests", "chunked_prefill_size", "max_prefill_tokens",
+        for name in ("kv_host_tier_tokens", "cuda_graph_max_bs", "page_size", "max_running_requests", "chunked_prefill_size", "max_prefill_tokens",
                      "kv_cache_tokens", "context_length", "max_queued_requests", "num_threads", "max_kv_cache_tokens"):
             positive(name)
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
+        for name in ("kv_host_tier_gib", "kv_disk_gib"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
         if self.kv_cache_memory_fraction is not None and not 0 < self.kv_cache_memory_fraction < 1:
             raise ValueError(f"kv_cache_memory_fraction must be in (0, 1), got {self.kv_cache_memory_fraction}")
         check_backend_name(self.attention_backend)

@@ -271,6 +271,19 @@ class EngineLoop:
             "retractions_total": counters.retractions,
             "steps_total": self.steps,
         }
+        if self.kv.tiers is not None:  # the prefix cache's host and disk tiers (runtime/kv/tiers.py)
+            tiers, tree = self.kv.tiers, cache.stats  # type: ignore[attr-defined]
+            stats.update({
+                "tier_lower_tokens": cache.lower_size(),
+                "tier_host_tokens": tiers.host_tokens(),
+                "tier_disk_bytes": tiers.disk_bytes(),
+                "tier_promoted_host_tokens_total": tree.promoted_tokens.get("host", 0),
+                "tier_promoted_disk_tokens_total": tree.promoted_tokens.get("disk", 0),
+                "tier_demoted_tokens_total": tree.demoted_tokens,
+                "tier_dropped_tokens_total": tree.dropped_tokens,
+                "tier_disk_writes_total": tiers.stats.writes,
+                "tier_disk_corrupt_total": tiers.stats.corrupt,
+            })
         with self._stats_lock:
             self._stats = stats
 

@@ -19,6 +19,7 @@ from runtime.forward_batch import ForwardBatch, HostBatch
 from runtime.step import BatchEntry
 from runtime.graph_runner import DecodeGraphRunner
 from runtime.kv import KVManager, KVPool, KVShape, ReqSlotTable, build_kv, context_length, plan_kv_tokens
+from runtime.kv.tiers import TierConfig, kv_digest
 from runtime.layers.output_layer import OutputLayer
 from runtime.models import model_class
 from runtime.models.weights import dummy_init, iterate_weights
@@ -67,6 +68,10 @@ class RunnerConfig:
     cuda_graph_max_bs: int | None = None  # capture decode graphs up to this batch size (CUDA only)
     quantization: str | None = None  # "int8": weight-only int8 linear layers (CPU, bf16)
     prefix_cache: bool = True  # share KV of common prefixes (else a cache that keeps nothing)
+    kv_host_tier_tokens: int = 0  # the prefix cache's host tier (runtime/kv/tiers.py); 0: none
+    kv_host_tier_gib: float | None = None  # the same, in GiB of KV (either one)
+    kv_disk_dir: str | None = None  # the prefix cache's disk tier; None: none
+    kv_disk_gib: float = 4.0
 
 
 class ModelRunner:
@@ -90,7 +95,7 @@ class ModelRunner:
         self.context_len = context_length(cfg.max_context, c, num_slots)
         # The KV state's one owner; the runner reads its pool and table, the scheduler asks it.
         self.kv: KVManager = build_kv(shape, num_slots, cfg.page_size, cfg.max_requests, self.context_len,
-                                      cfg.prefix_cache)
+                                      cfg.prefix_cache, self._tier_config(cfg, shape))
         self.backend = get_attention_backend(cfg.attention_backend, self.device.type)
         self.softcap: float | None = getattr(c, "final_logit_softcapping", None)
         self.graphs: DecodeGraphRunner | None = None
@@ -99,6 +104,16 @@ class ModelRunner:
         logger.info("loaded %s on %s (%s, %s attention) in %.1fs: weights %.2f GiB, KV pool %.2f GiB = %d tokens",
                     cfg.model_path.name, self.device, str(self.dtype).removeprefix("torch."), self.backend.name,
                     time.perf_counter() - start, weights / GiB, self.pool.nbytes() / GiB, num_slots)
+
+    def _tier_config(self, cfg: RunnerConfig, shape: KVShape) -> TierConfig | None:
+        host = cfg.kv_host_tier_tokens
+        if cfg.kv_host_tier_gib:
+            host = max(host, int(cfg.kv_host_tier_gib * GiB) // shape.bytes_per_token)
+        if not host and not cfg.kv_disk_dir:
+            return None
+        digest = kv_digest(cfg.model_path, self.dtype, cfg.page_size, cfg.load_format) if cfg.kv_disk_dir else ""
+        return TierConfig(host_tokens=host, disk_dir=Path(cfg.kv_disk_dir) if cfg.kv_disk_dir else None,
+                          disk_bytes=int(cfg.kv_disk_gib * GiB), digest=digest)
 
     def _capture(self, max_bs: int) -> DecodeGraphRunner | None:
         try:

@@ -131,7 +131,9 @@ class Scheduler:
             req = cand.req
             if req.inflight:  # retracted while its last token was in flight: admit once it has landed
                 continue
-            # Match again: admitting earlier candidates may have evicted what we matched before.
+            # Match again: admitting earlier candidates may have evicted what we matched before;
+            # first bring back what of its prefix was demoted to the host or disk tier.
+            self.kv.promote(req)
             match = self.kv.cache.match_prefix(req.all_ids[: req.max_prefix_match()], req.extra_key)
             self.kv.cache.lock(match.node)
             prefix = len(match.indices)

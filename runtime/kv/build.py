@@ -10,6 +10,7 @@ from radix import NoPrefixCache, RadixCache, SlotAllocator
 from runtime.kv.manager import KVManager
 from runtime.kv.pool import KVPool
 from runtime.kv.slot_table import ReqSlotTable
+from runtime.kv.tiers import KVTiers, TierConfig
 
 MAX_DEFAULT_CONTEXT = 32768  # a model's own context is used up to this unless asked for more
 
@@ -46,10 +47,12 @@ def context_length(asked: int | None, config: object, num_slots: int) -> int:
 
 
 def build_kv(shape: KVShape, num_slots: int, page_size: int, max_requests: int, max_context: int,
-             prefix_cache: bool = True) -> KVManager:
-    """The whole KV state of an engine, handed to its one owner."""
+             prefix_cache: bool = True, tiers: TierConfig | None = None) -> KVManager:
+    """The whole KV state of an engine, handed to its one owner: with `tiers`, the prefix cache
+    reaches into host memory and a disk directory too (runtime/kv/tiers.py)."""
     pool = KVPool(shape.num_layers, num_slots, shape.num_kv_heads, shape.head_dim, shape.dtype, shape.device)
     table = ReqSlotTable(max_requests, max_context, shape.device, pad_slot=pool.pad_slot)
     allocator = SlotAllocator(num_slots, page_size)
-    cache = RadixCache(allocator, page_size) if prefix_cache else NoPrefixCache(allocator, page_size)
-    return KVManager(pool, table, allocator, cache)
+    lower = KVTiers(pool, tiers) if prefix_cache and tiers is not None and tiers.enabled else None
+    cache = RadixCache(allocator, page_size, lower=lower) if prefix_cache else NoPrefixCache(allocator, page_size)
+    return KVManager(pool, table, allocator, cache, lower)

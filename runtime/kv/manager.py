@@ -14,15 +14,18 @@ import torch
 from radix import BasePrefixCache, SlotAllocator
 from runtime.kv.pool import KVPool
 from runtime.kv.slot_table import ReqSlotTable
+from runtime.kv.tiers import KVTiers
 from runtime.request import Req
 
 
 class KVManager:
-    def __init__(self, pool: KVPool, table: ReqSlotTable, allocator: SlotAllocator, cache: BasePrefixCache) -> None:
+    def __init__(self, pool: KVPool, table: ReqSlotTable, allocator: SlotAllocator, cache: BasePrefixCache,
+                 tiers: KVTiers | None = None) -> None:
         self.pool = pool
         self.table = table
         self.allocator = allocator
         self.cache = cache
+        self.tiers = tiers  # host and disk copies under the cache (None: the pool alone)
         self.page = allocator.page_size
 
     # -- sizes -------------------------------------------------------------------------------------
@@ -35,6 +38,17 @@ class KVManager:
         return -(-tokens // self.page) * self.page
 
     # -- admission ---------------------------------------------------------------------------------
+
+    def promote(self, req: Req) -> int:
+        """Bring the request's prefix back from the lower tiers into the pool, where it was demoted."""
+        if self.tiers is None:
+            return 0
+        return self.cache.promote(req.all_ids[: req.max_prefix_match()], req.extra_key, self.alloc)
+
+    def close(self) -> None:
+        """Finish the disk tier's writes (the engine is shutting down)."""
+        if self.tiers is not None:
+            self.tiers.close()
 
     def admit(self, req: Req, prefix: torch.Tensor, node: object) -> None:
         """Give a waiting request a table row holding its (already locked) cached prefix."""

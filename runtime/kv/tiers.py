@@ -1,0 +1,389 @@
+"""The tiers under the KV pool: host memory and a disk directory (radix/tiers.py's LowerTier).
+
+- Host tier (`--kv-host-tier-tokens` / `--kv-host-tier-gib`): KV evicted from the pool is copied
+  into host tensors of the pool's dtype (so outputs are the same whichever tier a prefix came
+  from), least recently used dropped first. On a GPU this is RAM beside the GPU's memory; on a
+  CPU it is more RAM than the pool was given.
+- Disk tier (`--kv-disk-dir`, `--kv-disk-gib`): every node the tree caches is also written, by a
+  background thread, to one file under `<dir>/<digest>/`, so a restarted server finds its
+  prefixes. `digest` names everything that changes KV (kv_digest): another model, dtype, page
+  size or tokenizer reads another folder and never these files. A file is written to a temporary
+  name and renamed, and carries the SHA-256 of its payload: a torn, truncated or flipped file is
+  skipped (and deleted) when it is read, so its prefix is recomputed, never served.
+The tree decides when KV moves (eviction demotes, a match promotes); this file only keeps copies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import os
+import queue
+import threading
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from radix.tiers import StoredKey
+from runtime.kv.pool import KVPool
+
+logger = logging.getLogger(__name__)
+MAGIC = b"RSKV1\n"
+MAX_QUEUED_WRITES = 256
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    host_tokens: int = 0  # 0: no host tier
+    disk_dir: Path | None = None  # None: no disk tier
+    disk_bytes: int = 4 * GiB
+    digest: str = ""  # what the KV depends on (kv_digest); names the disk folder
+
+    @property
+    def enabled(self) -> bool:
+        return self.host_tokens > 0 or self.disk_dir is not None
+
+
+@dataclass
+class _Entry:
+    key: StoredKey
+    tokens: int
+    host: tuple[torch.Tensor, torch.Tensor] | None = None  # K, V: [layers, tokens, heads, dim]
+    disk: Path | None = None  # the written file
+    writing: bool = False
+    released: bool = False
+
+
+@dataclass
+class TierStats:
+    writes: int = 0
+    write_bytes: int = 0
+    reads: int = 0
+    corrupt: int = 0
+    restored: int = 0
+
+
+class KVTiers:
+    def __init__(self, pool: KVPool, config: TierConfig) -> None:
+        self.pool = pool
+        self.config = config
+        self.stats = TierStats()
+        self._entries: dict[int, _Entry] = {}
+        self._host_lru: OrderedDict[int, None] = OrderedDict()
+        self._disk_lru: OrderedDict[int, int] = OrderedDict()  # handle -> file bytes
+        self._host_tokens = 0
+        self._disk_bytes = 0
+        self._dropped: list[int] = []
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self.folder: Path | None = None
+        self._writes: queue.Queue[int | None] = queue.Queue()
+        self._writer: threading.Thread | None = None
+        if config.disk_dir is not None:
+            self.folder = Path(config.disk_dir) / config.digest
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._writer = threading.Thread(target=self._write_loop, name="radixserve-kv-disk", daemon=True)
+            self._writer.start()
+
+    # -- LowerTier -------------------------------------------------------------------------------
+
+    def store(self, key: StoredKey, slots: torch.Tensor, evicting: bool) -> object | None:
+        keep_host = evicting and self.config.host_tokens >= len(slots)
+        if not keep_host and (self.folder is None or self._writes.qsize() > MAX_QUEUED_WRITES):
+            return None  # (a writer far behind: this prefix is not persisted, rather than RAM piling up)
+        copy = self._gather(slots)
+        handle = next(self._ids)
+        with self._lock:
+            entry = _Entry(key, len(slots), host=copy)
+            self._entries[handle] = entry
+            if keep_host:
+                self._host_lru[handle] = None
+                self._host_tokens += entry.tokens
+                self._fit_host()
+            if self.folder is not None:
+                entry.writing = True
+                self._writes.put(handle)
+        return handle
+
+    def load(self, handle: object, slots: torch.Tensor) -> str | None:
+        with self._lock:
+            entry = self._entries.get(handle)  # type: ignore[arg-type]
+            host, disk = (entry.host, entry.disk) if entry is not None else (None, None)
+        if host is not None:
+            self._scatter(slots, host)
+            self.touch(handle)
+            return "host"
+        if disk is None:
+            return None
+        copy = self._read(disk)
+        if copy is None:
+            with self._lock:
+                self.stats.corrupt += 1
+                self._forget(handle)  # type: ignore[arg-type]
+            return None
+        self._scatter(slots, copy)
+        self.stats.reads += 1
+        self.touch(handle)
+        return "disk"
+
+    def release(self, handle: object) -> None:
+        with self._lock:
+            self._forget(handle)  # type: ignore[arg-type]
+
+    def touch(self, handle: object) -> None:
+        with self._lock:
+            if handle in self._host_lru:
+                self._host_lru.move_to_end(handle)  # type: ignore[arg-type]
+            if handle in self._disk_lru:
+                self._disk_lru.move_to_end(handle)  # type: ignore[arg-type]
+
+    def dropped(self) -> list[object]:
+        with self._lock:
+            out, self._dropped = self._dropped, []
+        return out  # type: ignore[return-value]
+
+    def restore(self) -> list[tuple[StoredKey, object]]:
+        """Every intact file header of this digest's folder, oldest first (the disk bound applies)."""
+        if self.folder is None:
+            return []
+        for tmp in self.folder.glob("*.tmp"):  # a write that never finished (the process was killed)
+            tmp.unlink(missing_ok=True)
+        found: list[tuple[float, Path, StoredKey]] = []
+        for path in self.folder.glob("*.kv"):
+            key = self._read_key(path)
+            if key is None:
+                self.stats.corrupt += 1
+                path.unlink(missing_ok=True)
+                continue
+            found.append((path.stat().st_mtime, path, key))
+        restored = []
+        with self._lock:
+            for _, path, key in sorted(found, key=lambda item: item[0]):
+                handle = next(self._ids)
+                tokens = len(key.path) - key.start
+                self._entries[handle] = _Entry(key, tokens, disk=path)
+                self._disk_lru[handle] = path.stat().st_size
+                self._disk_bytes += path.stat().st_size
+                restored.append((key, handle))
+            self._fit_disk()
+            restored = [(k, h) for k, h in restored if h in self._entries]
+            self._dropped.clear()  # the tree never saw those
+        self.stats.restored = len(restored)
+        if restored:
+            logger.info("KV disk tier: %d cached prefixes found in %s", len(restored), self.folder)
+        return restored
+
+    # -- sizes -----------------------------------------------------------------------------------
+
+    def host_tokens(self) -> int:
+        return self._host_tokens
+
+    def disk_bytes(self) -> int:
+        return self._disk_bytes
+
+    def flush(self, timeout: float = 60.0) -> None:
+        """Wait until every queued write is on disk (tests, shutdown)."""
+        if self._writer is not None:
+            self._flushed = threading.Event()
+            self._writes.put(-1)  # a marker: the writer sets the event when it reaches it
+            self._flushed.wait(timeout)
+
+    def close(self) -> None:
+        if self._writer is not None and self._writer.is_alive():
+            self._writes.put(None)
+            self._writer.join(timeout=60)
+
+    # -- copies ----------------------------------------------------------------------------------
+
+    def _gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        index = slots.to(self.pool.k[0].device)
+        k = torch.stack([layer.index_select(0, index) for layer in self.pool.k])
+        v = torch.stack([layer.index_select(0, index) for layer in self.pool.v])
+        return k.to("cpu"), v.to("cpu")
+
+    def _scatter(self, slots: torch.Tensor, copy: tuple[torch.Tensor, torch.Tensor]) -> None:
+        device = self.pool.k[0].device
+        index = slots.to(device)
+        k, v = (t.to(device) for t in copy)
+        for layer in range(len(self.pool.k)):
+            self.pool.k[layer].index_copy_(0, index, k[layer])
+            self.pool.v[layer].index_copy_(0, index, v[layer])
+
+    # -- bookkeeping (under the lock) ------------------------------------------------------------
+
+    def _forget(self, handle: int) -> None:
+        entry = self._entries.pop(handle, None)
+        if entry is None:
+            return
+        entry.released = True
+        if handle in self._host_lru:
+            del self._host_lru[handle]
+            self._host_tokens -= entry.tokens
+        size = self._disk_lru.pop(handle, None)
+        if size is not None:
+            self._disk_bytes -= size
+        if entry.disk is not None:
+            entry.disk.unlink(missing_ok=True)
+
+    def _fit_host(self) -> None:
+        while self._host_tokens > self.config.host_tokens and self._host_lru:
+            handle, _ = self._host_lru.popitem(last=False)
+            entry = self._entries[handle]
+            self._host_tokens -= entry.tokens
+            if entry.writing:
+                continue  # the writer still needs the copy; it lets go of it once written
+            entry.host = None
+            if entry.disk is None:
+                self._entries.pop(handle)
+                self._dropped.append(handle)
+
+    def _fit_disk(self) -> None:
+        while self._disk_bytes > self.config.disk_bytes and self._disk_lru:
+            handle, size = self._disk_lru.popitem(last=False)
+            self._disk_bytes -= size
+            entry = self._entries[handle]
+            if entry.disk is not None:
+                entry.disk.unlink(missing_ok=True)
+                entry.disk = None
+            if entry.host is None:
+                self._entries.pop(handle)
+                self._dropped.append(handle)
+
+    # -- the disk --------------------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while True:
+            handle = self._writes.get()
+            if handle is None:
+                return
+            if handle == -1:
+                self._flushed.set()
+                continue
+            try:
+                self._write(handle)
+            except Exception:  # noqa: BLE001 - a failed write only costs a recompute later
+                logger.exception("KV disk tier: a write failed")
+
+    def _write(self, handle: int) -> None:
+        with self._lock:
+            entry = self._entries.get(handle)
+            if entry is None or entry.host is None:
+                return
+            key, (k, v) = entry.key, entry.host
+        assert self.folder is not None
+        payload = _tensor_bytes(k) + _tensor_bytes(v)
+        header = json.dumps({
+            "digest": self.config.digest, "extra_key": key.extra_key, "path": key.path.tolist(),
+            "start": key.start, "dtype": str(k.dtype).removeprefix("torch."), "shape": list(k.shape),
+            "sha256": hashlib.sha256(payload).hexdigest()}).encode()
+        path = self.folder / f"{uuid.uuid4().hex}.kv"
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as handle_file:
+            handle_file.write(MAGIC + len(header).to_bytes(8, "little") + header + payload)
+        os.replace(tmp, path)  # atomic: a reader sees the whole file or none
+        size = path.stat().st_size
+        with self._lock:
+            entry.writing = False
+            if entry.released:
+                path.unlink(missing_ok=True)
+                return
+            entry.disk = path
+            if handle not in self._host_lru:
+                entry.host = None  # kept only for the write
+            self._disk_lru[handle] = size
+            self._disk_bytes += size
+            self.stats.writes += 1
+            self.stats.write_bytes += size
+            self._fit_disk()
+
+    def _read_key(self, path: Path) -> StoredKey | None:
+        header = _read_header(path)
+        if header is None or header.get("digest") != self.config.digest:
+            return None
+        try:
+            return StoredKey(header["extra_key"], np.asarray(header["path"], dtype=np.int64), int(header["start"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def _read(self, path: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The file's K and V if it is whole and its checksum holds; None otherwise (and it goes)."""
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        header = _read_header(path, data)
+        if header is None:
+            path.unlink(missing_ok=True)
+            return None
+        start = len(MAGIC) + 8 + int.from_bytes(data[len(MAGIC) : len(MAGIC) + 8], "little")
+        payload = data[start:]
+        dtype = getattr(torch, header.get("dtype", ""), None)
+        if hashlib.sha256(payload).hexdigest() != header.get("sha256") or not isinstance(dtype, torch.dtype) \
+                or dtype != self.pool.dtype:
+            logger.warning("KV disk tier: %s is corrupt or torn; its prefix will be recomputed", path.name)
+            path.unlink(missing_ok=True)
+            return None
+        shape = tuple(header["shape"])
+        half = len(payload) // 2
+        try:
+            k = torch.frombuffer(bytearray(payload[:half]), dtype=torch.uint8).view(dtype).reshape(shape)
+            v = torch.frombuffer(bytearray(payload[half:]), dtype=torch.uint8).view(dtype).reshape(shape)
+        except RuntimeError:
+            path.unlink(missing_ok=True)
+            return None
+        return k, v
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def _read_header(path: Path, data: bytes | None = None) -> dict | None:
+    try:
+        if data is None:
+            with open(path, "rb") as f:
+                data = f.read(len(MAGIC) + 8)
+                if data[: len(MAGIC)] != MAGIC:
+                    return None
+                size = int.from_bytes(data[len(MAGIC) :], "little")
+                raw = f.read(size)
+        else:
+            if data[: len(MAGIC)] != MAGIC:
+                return None
+            size = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 8], "little")
+            raw = data[len(MAGIC) + 8 : len(MAGIC) + 8 + size]
+        if len(raw) != size:
+            return None
+        header = json.loads(raw)
+        return header if isinstance(header, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def kv_digest(model_path: Path, dtype: torch.dtype, page_size: int, load_format: str) -> str:
+    """A name for everything the KV of a prefix depends on: the weights (sampled: the safetensors
+    headers and sizes plus 64 KiB at 16 places in each file), the config (rotary settings, sizes),
+    the tokenizer files, the KV dtype and the page size. Random (dummy) weights get a random name:
+    their KV must never be found again."""
+    h = hashlib.sha256(f"radixserve-kv-v1|{dtype}|{page_size}".encode())
+    if load_format == "dummy":
+        h.update(os.urandom(16))
+    for path in sorted(Path(model_path).iterdir()):
+        if path.suffix == ".safetensors":
+            size = path.stat().st_size
+            h.update(f"{path.name}|{size}".encode())
+            with open(path, "rb") as f:
+                for i in range(16):
+                    f.seek(size * i // 16)
+                    h.update(f.read(65536))
+        elif path.name in ("config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                           "special_tokens_map.json", "chat_template.jinja"):
+            h.update(path.name.encode() + path.read_bytes())
+    return h.hexdigest()[:24]
