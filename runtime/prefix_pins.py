@@ -121,3 +121,6 @@ class PrefixPins:
 
     def __len__(self) -> int:
         return len(self._pins)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._pins

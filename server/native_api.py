@@ -25,6 +25,7 @@ from server.engine_client import PrimedStream, collect, run_request
 from server.errors import APIError, bad_request
 from server.openai_api import json_response, sse
 from server.protocol import AbortRequest, FinishReason, GenerateRequest, GenerateResponse, HealthStatus, MetaInfo
+from server.retention import Retain, retain, retaining, retention_priority, retention_seconds
 from server.sglang_compat import request_fields, sampling_fields
 from server.state import ServerState, decode_body
 
@@ -137,12 +138,13 @@ async def generate(request: Request) -> Response:
     params = [_params(r, {"return_logprob": a, "logprob_start_len": b, "top_logprobs_num": c})
               for r, (a, b, c) in zip(raws, tops)]
     rids, salts = _rids(body.rid, count), _salts(body, count)
+    keeps = _retains(body, prompts)
     with_text = body.return_text_in_logprobs
     if body.stream:
         if count != 1 or params[0].n != 1:
             raise APIError(400, "stream: one prompt with n = 1 per streamed request", "stream")
-        stream = PrimedStream(run_request(state.engine, state.metrics, prompts[0], params[0],
-                                          rid=rids[0], cache_salt=salts[0], stream=True))
+        stream = PrimedStream(retaining(run_request(state.engine, state.metrics, prompts[0], params[0], rid=rids[0],
+                                                    cache_salt=salts[0], stream=True), state.engine, keeps[0], salts[0]))
         await stream.prime()
         return StreamingResponse(sse(_events(state, stream, with_text, params[0].return_logprob)),
                                  media_type="text/event-stream")
@@ -150,9 +152,22 @@ async def generate(request: Request) -> Response:
     groups = await asyncio.gather(*(
         collect(state.engine, state.metrics, ids, p, rid=rids[i], cache_salt=salts[i])
         for i, (ids, p) in enumerate(zip(prompts, params))))
+    for keep, salt in zip(keeps, salts):
+        retain(state.engine, keep, salt)
     outs = [_response(state, o, with_text, p.return_logprob) for group, p in zip(groups, params) for o in group]
     single = isinstance(body.text, str) or (body.input_ids and isinstance(body.input_ids[0], int))
     return json_response(outs[0] if single and len(outs) == 1 else outs)
+
+
+def _retains(body: GenerateRequest, prompts: list[list[int]]) -> list[list[Retain]]:
+    """Per prompt, what it asks to retain: the whole prompt, with retention_seconds."""
+    seconds = _each(body.retention_seconds, len(prompts), "retention_seconds")
+    priorities = _each(body.priority, len(prompts), "priority")
+    out = []
+    for ids, ttl, priority in zip(prompts, seconds, priorities):
+        ttl_s = retention_seconds(ttl)
+        out.append([Retain(ids, ttl_s, retention_priority(priority))] if ttl_s is not None else [])
+    return out
 
 
 async def _events(state: ServerState, stream: AsyncIterator[Output], with_text: bool,

@@ -18,6 +18,7 @@ from server.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequ
                              ChatDeltaChoice, ChoiceLogprobs, CompletionChoice, CompletionLogprobs, CompletionRequest,
                              CompletionResponse, DeltaMessage, ModelCard, ModelList, PromptTokensDetails,
                              TokenLogprobEntry, TopLogprob, Usage)
+from server.retention import chat_request_retains, retain, retaining
 from server.state import ServerState, decode_body
 from server.chat_pipeline import (KNOWN_ROLES, ChatPlan, ChoiceStream, chat_messages, check_context,  # noqa: F401
                                   final_message, plan_chat, sampling_params)
@@ -200,15 +201,18 @@ async def chat_completions(request: Request) -> Response:
     if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
         raise APIError(400, "top_logprobs must be in [0, 20]", "top_logprobs")
     plan = plan_chat(state, body, top_logprobs=(body.top_logprobs or 0) if body.logprobs else None)
+    keep = chat_request_retains(state, body, plan.ids)  # cache_control marks (server/retention.py)
     engine = state.engine
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     state.log_request(rid, body.messages)
     if body.stream:
-        stream = PrimedStream(run_request(engine, state.metrics, plan.ids, plan.params, rid=body.rid,
-                                          cache_salt=body.cache_salt, stream=True))
+        stream = PrimedStream(retaining(run_request(engine, state.metrics, plan.ids, plan.params, rid=body.rid,
+                                                    cache_salt=body.cache_salt, stream=True), engine, keep,
+                                        body.cache_salt))
         await stream.prime()
         return StreamingResponse(sse(_chat_events(state, rid, body, stream, plan)), media_type="text/event-stream")
     outs = await collect(engine, state.metrics, plan.ids, plan.params, rid=body.rid, cache_salt=body.cache_salt)
+    retain(engine, keep, body.cache_salt)
     choices = []
     for o in outs:
         message, reason = final_message(plan, o)

@@ -101,6 +101,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
 class TextPart(msgspec.Struct):
     type: str
     text: str | None = None
+    cache_control: dict[str, Any] | None = None  # Anthropic's retention mark (server/retention.py)
 
 
 class ToolCallFunction(msgspec.Struct):
@@ -121,6 +122,7 @@ class ChatMessage(msgspec.Struct, kw_only=True):
     tool_calls: list[ToolCall] | None = None  # an earlier assistant turn that called tools
     tool_call_id: str | None = None  # a "tool" message answers this call
     reasoning_content: str | None = None  # an earlier assistant turn's reasoning (templates may show it)
+    cache_control: dict[str, Any] | None = None  # retain the prompt up to this message (server/retention.py)
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
@@ -294,6 +296,9 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rid: str | list[str] | None = None
     cache_salt: str | list[str] | None = None
     extra_key: str | list[str] | None = None  # SGLang's other cache namespace; joined with cache_salt
+    # Keep the prompt cached this many seconds (server/retention.py); priority: higher is released later.
+    retention_seconds: float | list[float | None] | None = None
+    priority: int | list[int | None] | None = None
 
 
 class FinishReason(msgspec.Struct, omit_defaults=True):

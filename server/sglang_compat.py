@@ -31,7 +31,7 @@ UNLIMITED_NEW_TOKENS = 2**31 - 1  # SGLang's max_new_tokens=null: until the cont
 
 REQUEST_HINTS = frozenset({
     "model",  # the SGLang router adds its model id
-    "session_id", "conversation_id", "routing_key", "priority", "custom_labels", "log_metrics", "no_logs",
+    "session_id", "conversation_id", "routing_key", "custom_labels", "log_metrics", "no_logs",
     "received_time", "external_trace_header", "http_worker_ipc", "kv_hints", "routed_dp_rank",
     "data_parallel_rank", "disagg_prefill_dp_rank", "routed_experts_start_len", "modalities",
 })
