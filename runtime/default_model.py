@@ -105,7 +105,8 @@ def build_model_dir(gguf_path: Path, folder: Path, progress: bool = True,
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         convert_gguf(gguf_path, staging, chat_template=model.chat_template,
-                     generation_config=model.generation_config, progress=progress, log=_say)
+                     generation_config=model.generation_config, progress=progress, log=_say,
+                     chat_template_edits=model.chat_template_edits)
         write_manifest(staging, model.extra_files)
         if folder.exists():
             shutil.rmtree(folder)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,10 +204,12 @@ def convert_gguf(
     dtype: torch.dtype = torch.float32,
     progress: bool = True,
     log: Callable[[str], None] = logger.info,
+    chat_template_edits: Sequence[tuple[str, str]] = (),
 ) -> Path:
     """Write config.json, model.safetensors and tokenizer files for `gguf_path` into `out_dir`.
 
-    `chat_template` replaces the GGUF's own template (None keeps the GGUF's, if it has one).
+    `chat_template` replaces the GGUF's own template (None keeps the GGUF's, if it has one);
+    `chat_template_edits` are (old, new) replacements made in it, each of which must match.
     """
     from transformers import AutoTokenizer
 
@@ -224,6 +226,10 @@ def convert_gguf(
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     if chat_template is not None:
         tokenizer.chat_template = chat_template
+    for old, new in chat_template_edits:
+        if old not in (tokenizer.chat_template or ""):
+            raise ValueError(f"the chat template of {gguf_path.name} lacks the text to replace: {old!r}")
+        tokenizer.chat_template = tokenizer.chat_template.replace(old, new)
     tokenizer.save_pretrained(str(out_dir))
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     if generation_config is not None:

@@ -88,8 +88,9 @@ def check_context(state: ServerState, prompt_len: int, body: SamplingFields) -> 
 # -- messages -------------------------------------------------------------------------------------
 
 
-def chat_messages(body: ChatCompletionRequest) -> list[dict[str, object]]:
-    """The request's messages as chat templates take them (a 400 naming the message that is wrong)."""
+def chat_messages(body: ChatCompletionRequest, template_renders_calls: bool = False) -> list[dict[str, object]]:
+    """The request's messages as chat templates take them (a 400 naming the message that is wrong).
+    `template_renders_calls`: the chat template writes an assistant turn's tool_calls itself."""
     if not body.messages:
         raise APIError(400, "messages must not be empty", "messages")
     messages = []
@@ -116,8 +117,11 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict[str, object]]:
                      for c in message.tool_calls]
             call_ids.update(c.id for c in message.tool_calls)
             entry["tool_calls"] = calls
-            # Templates that do not render tool calls still show the model what was called.
-            content = content if content is not None else json.dumps([c["function"] for c in calls])
+            # Templates that do not render tool calls still show the model what was called; one that
+            # does must not see the calls twice (a small model then imitates the doubled turn:
+            # Qwen2.5-Coder-0.5B answered a tool result with the same call again, as a JSON list).
+            if content is None:
+                content = "" if template_renders_calls else json.dumps([c["function"] for c in calls])
         if message.role == "tool" and message.tool_call_id is not None and message.tool_call_id not in call_ids:
             raise APIError(400, f"messages[{i}].tool_call_id: {message.tool_call_id!r} answers no earlier "
                                 "assistant tool call", f"messages[{i}].tool_call_id")
@@ -150,7 +154,9 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest, top_logprobs: int
     tokenizer = engine.tokenizer
     constraint = constraint_for(body)
     try:
-        prompt = tokenizer.apply_chat_template(chat_messages(body), body.add_generation_prompt, chat_tools(body),
+        renders_calls = "tool_calls" in (tokenizer.chat_template or "")
+        prompt = tokenizer.apply_chat_template(chat_messages(body, renders_calls), body.add_generation_prompt,
+                                               chat_tools(body),
                                                body.chat_template_kwargs)
         ids = tokenizer.encode_rendered(prompt)
     except ValueError as exc:
