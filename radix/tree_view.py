@@ -10,7 +10,7 @@ ids only, never as text; a namespace (cache salt) is shown by its root's id, nev
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 DEFAULT_LIMIT = 200
@@ -19,16 +19,14 @@ KEY_PREVIEW_TOKENS = 8
 DEFAULT_TIER = "device"  # a node without a `tier` attribute (no host/disk tiers) lives in the pool
 
 
-def node_tier(node: object) -> str:
-    """The node's tier name: its `tier` attribute (a string or an enum with a string value) if it
-    has one; else "device" while its KV is in the pool (`on_device`, true without tiers), else the
-    tier its lower-tier handle names (`handle.tier`: "host", "disk"), "lower" if it names none."""
-    tier = getattr(node, "tier", None)
-    if tier is None:
-        if getattr(node, "on_device", True):
-            return DEFAULT_TIER
-        tier = getattr(getattr(node, "handle", None), "tier", None) or "lower"
-    return str(getattr(tier, "value", tier))
+def node_tier(node: object, tier_of: Callable[[object], str | None] | None = None) -> str:
+    """The node's tier name: "device" while its KV is in the pool (`on_device`, always true
+    without lower tiers), else where its lower-tier handle's KV is (`tier_of(handle)`: "host",
+    "disk"), "lower" when that is not known."""
+    if getattr(node, "on_device", True):
+        return DEFAULT_TIER
+    handle = getattr(node, "handle", None)
+    return (tier_of(handle) if tier_of is not None and handle is not None else None) or "lower"
 
 
 def check_page(offset: object, limit: object) -> tuple[int, int]:
@@ -42,13 +40,15 @@ def check_page(offset: object, limit: object) -> tuple[int, int]:
 
 def cache_snapshot(cache: object, offset: int = 0, limit: int = DEFAULT_LIMIT,
                    retained: Mapping[object, float] | None = None,
-                   capacities: Mapping[str, int] | None = None, now: float | None = None) -> dict[str, Any]:
+                   capacities: Mapping[str, int] | None = None, now: float | None = None,
+                   tier_of: Callable[[object], str | None] | None = None) -> dict[str, Any]:
     """One page of the tree's nodes and per-tier totals.
 
     cache: a RadixCache (anything without `roots()`, e.g. NoPrefixCache, has an empty tree).
     retained: node -> expiry (time.monotonic()) of retained prefixes; a node's ancestors are
         retained as long as it is (they hold its prefix), so the latest expiry is propagated up.
     capacities: tier name -> slots (tokens) that tier can hold, for the fill bars.
+    tier_of: a demoted node's handle -> the lower tier holding its KV (runtime/kv/tiers.py).
     """
     offset, limit = check_page(offset, limit)
     now = time.monotonic() if now is None else now
@@ -63,7 +63,7 @@ def cache_snapshot(cache: object, offset: int = 0, limit: int = DEFAULT_LIMIT,
     while stack:
         node, parent_id = stack.pop()
         is_root = getattr(node, "parent", None) is None
-        tier = node_tier(node)
+        tier = node_tier(node, tier_of)
         tokens = 0 if is_root else len(node)  # type: ignore[arg-type]
         if not is_root:
             totals = tiers.setdefault(tier, {"nodes": 0, "tokens": 0, "capacity": 0})

@@ -273,8 +273,14 @@ class Engine:
             try:
                 kv, pins = self.kv, self.loop.pins
                 pins.expire()  # a retention whose time is up is not shown
-                page = cache_snapshot(kv.cache, offset, limit, retained=pins.retained(),
-                                      capacities={"device": kv.allocator.num_slots})
+                tiers, capacities = kv.tiers, {"device": kv.allocator.num_slots}
+                if tiers is not None and tiers.config.host_tokens:
+                    capacities["host"] = tiers.config.host_tokens
+                page = cache_snapshot(kv.cache, offset, limit, retained=pins.retained(), capacities=capacities,
+                                      tier_of=tiers.tier_of if tiers is not None else None)
+                if tiers is not None and tiers.folder is not None:  # the disk tier's fill is in bytes
+                    disk = page["tiers"].setdefault("disk", {"nodes": 0, "tokens": 0, "capacity": 0})
+                    disk.update(bytes=tiers.disk_bytes(), capacity_bytes=tiers.config.disk_bytes)
                 page["retention"] = pins.summary()
                 page["pool"] = {key: self.loop.stats()[f"slots_{key}"] for key in ("free", "cached", "in_use", "total")}
                 result.append(page)

@@ -42,6 +42,38 @@ class EngineCollector(Collector):
         yield CounterMetricFamily("radixserve_generation_tokens", "Tokens generated", s["generated_tokens_total"])
         yield CounterMetricFamily("radixserve_retractions", "Requests preempted for KV room", s["retractions_total"])
         yield from self._peer_names(s)
+        if "tier_lower_tokens" in s:  # host / disk tiers on (runtime/kv/tiers.py)
+            yield from self._tiers(s)
+
+    def _tiers(self, s: dict[str, float]) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """Per tier: prompt tokens served from it (a lower tier's by promotion), promotions,
+        demotions, what each holds."""
+        promoted = {tier: s[f"tier_promoted_{tier}_tokens_total"] for tier in ("host", "disk")}
+        hits = CounterMetricFamily("radixserve_kv_tier_hit_tokens", "Cached prompt tokens by the tier they came from",
+                                   labels=["tier"])
+        hits.add_metric(["device"], max(0.0, s["cached_tokens_total"] - sum(promoted.values())))
+        promotions = CounterMetricFamily("radixserve_kv_tier_promoted_tokens",
+                                         "Tokens of KV copied back into the pool, by the tier they came from",
+                                         labels=["tier"])
+        for tier, value in promoted.items():
+            hits.add_metric([tier], value)
+            promotions.add_metric([tier], value)
+        yield hits
+        yield promotions
+        yield CounterMetricFamily("radixserve_kv_tier_demoted_tokens", "Tokens of KV demoted out of the pool",
+                                  s["tier_demoted_tokens_total"])
+        yield CounterMetricFamily("radixserve_kv_tier_dropped_tokens",
+                                  "Tokens of demoted KV a tier let go (out of room, torn or corrupt)",
+                                  s["tier_dropped_tokens_total"])
+        held = GaugeMetricFamily("radixserve_kv_tier_tokens", "Tokens of KV each tier holds", labels=["tier"])
+        held.add_metric(["device"], s["slots_cached"])
+        held.add_metric(["host"], s["tier_host_tokens"])
+        yield held
+        yield GaugeMetricFamily("radixserve_kv_tier_disk_bytes", "Bytes of the disk tier's files", s["tier_disk_bytes"])
+        yield CounterMetricFamily("radixserve_kv_tier_disk_writes", "Files the disk tier wrote",
+                                  s["tier_disk_writes_total"])
+        yield CounterMetricFamily("radixserve_kv_tier_disk_corrupt", "Disk tier files found torn or corrupt (skipped)",
+                                  s["tier_disk_corrupt_total"])
 
     def _peer_names(self, s: dict[str, float]) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         """The prefix-cache numbers under vLLM's and SGLang's names (their dashboards' queries)."""

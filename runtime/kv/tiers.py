@@ -180,6 +180,16 @@ class KVTiers:
             logger.info("KV disk tier: %d cached prefixes found in %s", len(restored), self.folder)
         return restored
 
+    def tier_of(self, handle: object) -> str | None:
+        """Where a handle's KV is now: "host", "disk", or None when the tier no longer has it."""
+        with self._lock:
+            entry = self._entries.get(handle)  # type: ignore[arg-type]
+            if entry is None:
+                return None
+            if handle in self._host_lru:
+                return "host"
+            return "disk" if entry.disk is not None or entry.writing else None
+
     # -- sizes -----------------------------------------------------------------------------------
 
     def host_tokens(self) -> int:
@@ -187,6 +197,15 @@ class KVTiers:
 
     def disk_bytes(self) -> int:
         return self._disk_bytes
+
+    def tier_of(self, handle: object) -> str | None:
+        """Where a handle's KV would load from ("host" while a host copy exists, else "disk"),
+        None when the tier no longer has it; for the live view (radix/tree_view.py)."""
+        with self._lock:
+            entry = self._entries.get(handle)  # type: ignore[call-overload]
+            if entry is None:
+                return None
+            return "host" if entry.host is not None else "disk" if entry.disk is not None else None
 
     def flush(self, timeout: float = 60.0) -> None:
         """Wait until every queued write is on disk (tests, shutdown)."""

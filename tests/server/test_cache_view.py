@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.harness import RunningServer
+from runtime import Engine
+from tests.server.harness import RunningServer, serve
 
 PREFIX = list(range(10, 50))  # 40 shared tokens
 
@@ -43,6 +46,20 @@ def warm(server: RunningServer) -> RunningServer:
     _generate(server.url, PREFIX + [70, 71])
     _generate(server.url, PREFIX + [70, 71])
     return server
+
+
+@pytest.fixture(scope="module")
+def tiered(tiny_folder: Path) -> Iterator[RunningServer]:
+    """A 320-token pool over a host tier: a flood of prompts demotes the first ones, a re-send promotes."""
+    with Engine(model=str(tiny_folder), dtype="float32", kv_cache_tokens=320, kv_host_tier_tokens=4096,
+                max_running_requests=4) as engine:
+        with serve(engine, served_model_name="tiny") as running:
+            prompts = [torch.randint(3, 250, (70,), generator=torch.Generator().manual_seed(i)).tolist()
+                       for i in range(8)]
+            for ids in [PREFIX + [60], PREFIX + [70], *prompts]:
+                _generate(running.url, ids)
+            assert _generate(running.url, PREFIX + [60, 61])["meta_info"]["cached_tokens"] >= 40  # promoted
+            yield running
 
 
 def test_cache_json_reports_the_tree(warm: RunningServer) -> None:
@@ -108,17 +125,18 @@ def _chromium(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.skipif(shutil.which("chromium") is None,
                     reason="headless Chromium is not installed (Debian: apt-get install chromium); "
                            "the page's drawing is not checked")
-def test_page_draws_every_node_in_chromium(warm: RunningServer, tmp_path: Path) -> None:
-    nodes, _ = _all_nodes(warm.url)
-    dom = _chromium("--dump-dom", f"{warm.url}/cache/view")
+def test_page_draws_every_node_in_chromium(tiered: RunningServer, tmp_path: Path) -> None:
+    nodes, _ = _all_nodes(tiered.url)
+    assert {n["tier"] for n in nodes} == {"device", "host"}
+    dom = _chromium("--dump-dom", f"{tiered.url}/cache/view")
     assert dom.returncode == 0, dom.stderr[-2000:]
     parsed = _NodeCounter()
     parsed.feed(dom.stdout)
     assert parsed.loaded, "the page never drew a snapshot: " + dom.stdout[-2000:]
     assert sorted(parsed.node_ids) == sorted(n["id"] for n in nodes)  # one element per node, no more
-    assert parsed.tier_rows[:1] == ["device"] and "retained" in parsed.tier_rows
+    assert parsed.tier_rows[:2] == ["device", "host"] and "retained" in parsed.tier_rows
     shot = tmp_path / "cache_view.png"
-    taken = _chromium("--window-size=1100,700", f"--screenshot={shot}", f"{warm.url}/cache/view")
+    taken = _chromium("--window-size=1100,700", f"--screenshot={shot}", f"{tiered.url}/cache/view")
     assert taken.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", taken.stderr[-2000:]
 
 
@@ -132,3 +150,18 @@ def test_metrics_carry_the_peers_prefix_cache_names(warm: RunningServer) -> None
     assert hits.value == stats["cached_tokens_total"] >= 2 * 40  # tokens, as vLLM counts them
     rate = samples["sglang:cache_hit_rate"]
     assert rate.labels == {"model_name": "tiny"} and rate.value == pytest.approx(hits.value / queries.value)
+
+
+def test_tiers_in_the_view_and_the_metrics(tiered: RunningServer) -> None:
+    nodes, page = _all_nodes(tiered.url)
+    host = [n for n in nodes if n["tier"] == "host"]
+    assert host and page["tiers"]["host"]["capacity"] == 4096
+    assert page["tiers"]["host"]["tokens"] == sum(n["tokens"] for n in host)
+    assert page["tiers"]["device"]["tokens"] == sum(n["tokens"] for n in nodes if n["tier"] == "device")
+    text = httpx.get(f"{tiered.url}/metrics", timeout=30).text
+    samples = {(s.name, s.labels.get("tier")): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("radixserve_kv_tier_demoted_tokens_total", None)] > 0
+    assert samples[("radixserve_kv_tier_promoted_tokens_total", "host")] >= 40
+    assert samples[("radixserve_kv_tier_hit_tokens_total", "host")] >= 40
+    assert samples[("radixserve_kv_tier_tokens", "host")] > 0
