@@ -198,15 +198,6 @@ class KVTiers:
     def disk_bytes(self) -> int:
         return self._disk_bytes
 
-    def tier_of(self, handle: object) -> str | None:
-        """Where a handle's KV would load from ("host" while a host copy exists, else "disk"),
-        None when the tier no longer has it; for the live view (radix/tree_view.py)."""
-        with self._lock:
-            entry = self._entries.get(handle)  # type: ignore[call-overload]
-            if entry is None:
-                return None
-            return "host" if entry.host is not None else "disk" if entry.disk is not None else None
-
     def flush(self, timeout: float = 60.0) -> None:
         """Wait until every queued write is on disk (tests, shutdown)."""
         if self._writer is not None:
