@@ -19,6 +19,7 @@ ROUTES: list[tuple[str, str, type | None, type | None, str]] = [
     ("get", "/get_server_info", None, None, "Server arguments and engine stats"),
     ("get", "/health", None, p.HealthStatus, "Liveness"),
     ("get", "/metrics", None, None, "Prometheus metrics"),
+    ("get", "/cache", None, None, "One page of the prefix cache's radix tree (?offset=&limit=)"),
 ]
 
 
