@@ -23,8 +23,9 @@ class EngineArgs:
     load_format: str = field(default="auto", metadata={"help": "auto (safetensors) or dummy (random weights from "
                                                                "config.json alone, for benchmarks)"})
     quantization: str | None = field(default=None, metadata={
-        "help": "int8: weight-only int8 linear and output layers on the CPU, used for decode steps of few rows "
-                "(faster, outputs change slightly; needs bf16 activations). Default: none"})
+        "help": "int8 or int4: weight-only int8 / int4 (groups of 32) linear and output layers on the CPU, used "
+                "for decode steps of few rows (faster, outputs change slightly, int4 more; needs bf16 "
+                "activations). Default: none"})
     page_size: int = field(default=1, metadata={"help": "KV slots per page; the prefix cache shares whole pages"})
     kv_cache_tokens: int | None = field(default=None, metadata={"help": "KV pool size in tokens (default: from --kv-cache-memory-fraction)"})
     kv_cache_memory_fraction: float | None = field(default=None, metadata={
@@ -77,8 +78,8 @@ class EngineArgs:
             raise ValueError(f"kv_cache_memory_fraction must be in (0, 1), got {self.kv_cache_memory_fraction}")
         check_backend_name(self.attention_backend)
         resolve_dtype(self.dtype)  # raises for an unknown name; `auto` is decided when the engine is built
-        if self.quantization not in (None, "int8"):  # what it needs of the device: runtime/cpu/prepare.py
-            raise ValueError(f"quantization must be int8 or unset, got {self.quantization!r}")
+        if self.quantization not in (None, "int8", "int4"):  # what it needs of the device: runtime/cpu/prepare.py
+            raise ValueError(f"quantization must be int8, int4 or unset, got {self.quantization!r}")
         if self.overlap_schedule not in ("auto", "on", "off"):
             raise ValueError(f"overlap_schedule must be auto, on or off, got {self.overlap_schedule!r}")
         if self.load_format not in LOAD_FORMATS:

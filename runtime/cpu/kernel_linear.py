@@ -58,7 +58,7 @@ class KernelLinear(nn.Linear):
         self.shard_sizes = getattr(linear, "shard_sizes", None)
 
 
-def swap_linears(model: nn.Module, make: Callable[[nn.Linear], KernelLinear]) -> int:
+def swap_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Linear]) -> int:
     """Replace every plain nn.Linear of a loaded model but the output head by `make(layer)`; returns how many."""
     swaps = linears(model)
     for parent, name, child in swaps:

@@ -3,7 +3,8 @@
 The model runner calls `prepare(model, precision, quantization)` once after loading on the CPU
 and is otherwise the same on every device. What it does depends on the precision `--dtype`
 resolved to (runtime/cpu/precision.py) and on `--quantization`:
-- int8: weight-only int8 layers for few-row products, packed bf16 for more (int8_linear.py);
+- int8 / int4: weight-only int8 or int4 layers for few-row products, packed bf16 for more
+  (int8_linear.py, int4_linear.py);
 - fp32 with bf16 weight copies for few rows, on CPUs without bf16 units (dual_linear.py);
 - otherwise oneDNN-packed layers (packed_linear.py), where the copies fit in RAM.
 The output layer gets the matching ways over prepared weights and times them per batch size.
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from runtime.cpu.dual_linear import use_dual_linears
+from runtime.cpu.int4_linear import fits_int4, int4_kernel, quantize_linears_int4
 from runtime.cpu.int8_linear import int8_kernel, quantize_linears
 from runtime.cpu.kernel_linear import Kernel, copies_fit, linear_kernel, packing_supported
 from runtime.cpu.output_layer import TimedOutputLayer
@@ -42,9 +44,14 @@ def prepare(model: nn.Module, precision: Precision, quantization: str | None) ->
     """Swap the model's linear layers for the CPU's fastest kinds; returns its output layer."""
     weight, dtype = model.output_weight, precision.dtype
     ways: dict[str, Kernel] = {}
+    packed = packing_supported(dtype) and copies_fit(model, host_available_bytes())
     if quantization == "int8":  # opt-in: int8 weights for few rows, packed bf16 for more
-        quantize_linears(model, packing_supported(dtype) and copies_fit(model, host_available_bytes()))
+        quantize_linears(model, packed)
         ways["int8"] = int8_kernel(weight, None)
+    elif quantization == "int4":  # opt-in: int4 weights for few rows, packed bf16 for more
+        quantize_linears_int4(model, packed)
+        if fits_int4(weight):
+            ways["int4"] = int4_kernel(weight, None)
     elif precision.lowp_rows:  # fp32 with bf16 weight copies for few-row products
         use_dual_linears(model, precision.lowp_rows)
         lowp_kernel = linear_kernel(weight.detach().to(torch.bfloat16), None, packing_supported(torch.bfloat16))

@@ -1,0 +1,81 @@
+"""Weight-only int4 linear layers for the CPU (`--quantization int4`, opt-in: outputs change more
+than with int8).
+
+Four bits a weight, asymmetric, one scale and one zero per group of INT4_GROUP input weights
+(the layout of llama.cpp's 4-bit formats and of torch's `_weight_int4pack_mm_for_cpu`): a
+few-row product, which only streams the weights, reads a quarter of bf16's bytes. As with int8,
+products of more than INT4_MAX_ROWS rows use the layer's own bf16 weights, where the int4
+kernel's unpacking costs more than the bytes it saves, and the output layer times an int4 way
+per batch size (runtime/cpu/output_layer.py). Activations stay bf16. A layer whose input width
+is not a whole number of groups keeps its bf16 weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from runtime.cpu.kernel_linear import Kernel, KernelLinear, linear_kernel, swap_linears
+from runtime.cpu.packed_linear import PackedLinear
+
+INT4_GROUP = 32
+INT4_MAX_ROWS = 4
+
+
+def quantize_groups(weight: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (int32 in [0, 15], [N, K]), scales and zeros ([N, K // group]) with
+    weight ~= (q - 8) * scale + zero, each group's range split into 15 equal steps."""
+    n, k = weight.shape
+    w = weight.detach().float().reshape(n, k // group, group)
+    low, high = w.amin(dim=-1), w.amax(dim=-1)
+    scales = ((high - low) / 15).clamp(min=1e-8)
+    q = torch.round((w - low[..., None]) / scales[..., None]).clamp(0, 15).to(torch.int32).reshape(n, k)
+    zeros = low + 8 * scales
+    return q, scales, zeros
+
+
+def dequantize_groups(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int = INT4_GROUP) -> torch.Tensor:
+    n, k = q.shape
+    w = (q.reshape(n, k // group, group).float() - 8) * scales[..., None] + zeros[..., None]
+    return w.reshape(n, k)
+
+
+def fits_int4(weight: torch.Tensor, group: int = INT4_GROUP) -> bool:
+    return weight.shape[1] % group == 0
+
+
+def int4_kernel(weight: torch.Tensor, bias: torch.Tensor | None, group: int = INT4_GROUP) -> Kernel:
+    """x (bf16) -> x @ dequant(q).T + bias, reading packed int4 weights."""
+    q, scales, zeros = quantize_groups(weight, group)
+    packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+    # torch's layout: [K // group, N, 2] of (scale, zero), in the activations' dtype
+    scales_and_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(weight.dtype)
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        out = torch._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros)
+        return out if bias is None else out + bias
+
+    return run
+
+
+class Int4Linear(KernelLinear):
+    """int4 weights for few rows, its own (bf16) weights for more."""
+
+    def __init__(self, linear: nn.Linear, packed: bool) -> None:
+        super().__init__(linear)
+        self._int4 = int4_kernel(linear.weight, linear.bias)
+        self._wide = linear_kernel(linear.weight, linear.bias, packed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._int4(x) if x.shape[0] <= INT4_MAX_ROWS else self._wide(x)
+
+
+def quantize_linears_int4(model: nn.Module, packed: bool) -> int:
+    """Swap every nn.Linear of a loaded bf16 model (not the output head) whose width fits whole
+    groups for an Int4Linear; returns how many."""
+    def make(linear: nn.Linear) -> nn.Linear:
+        if not fits_int4(linear.weight):
+            return PackedLinear(linear) if packed else linear
+        return Int4Linear(linear, packed)
+
+    return swap_linears(model, make)

@@ -1,0 +1,63 @@
+"""`--quantization int4` on the CPU: grouped int4 weights for few-row products, close to bf16."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime import Engine
+from runtime.cpu.int4_linear import INT4_GROUP, INT4_MAX_ROWS, Int4Linear, dequantize_groups, quantize_groups
+from runtime.forward_batch import BatchEntry, ForwardBatch
+from runtime.model_runner import ModelRunner, RunnerConfig
+from tests.runtime.engine_helpers import assert_slots_balanced
+from tests.tiny_models import save_tiny_model
+
+
+def test_quantize_groups_is_within_half_a_step() -> None:
+    w = torch.randn(48, 4 * INT4_GROUP) * torch.linspace(0.01, 3, 48)[:, None]
+    q, scales, zeros = quantize_groups(w)
+    assert q.min() >= 0 and q.max() <= 15 and scales.shape == (48, 4)
+    error = (dequantize_groups(q, scales, zeros) - w).abs().reshape(48, 4, INT4_GROUP)
+    assert (error <= scales[..., None] / 2 + 1e-5).all()
+
+
+def test_int4_linear_reads_int4_for_few_rows_only() -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(2 * INT4_GROUP, 96, bias=True).to(torch.bfloat16)
+    layer = Int4Linear(linear, packed=False)
+    few = torch.randn(INT4_MAX_ROWS, 2 * INT4_GROUP).bfloat16()
+    q, scales, zeros = quantize_groups(linear.weight)
+    want = few.float() @ dequantize_groups(q, scales, zeros).t() + linear.bias.float()
+    assert (layer(few).float() - want).abs().max() < 0.05 * want.abs().max()
+    many = torch.randn(INT4_MAX_ROWS + 1, 2 * INT4_GROUP).bfloat16()
+    assert torch.equal(layer(many), F.linear(many, linear.weight, linear.bias))
+    assert "weight" in dict(layer.named_parameters())
+
+
+def test_int4_runner_is_close_to_bf16_and_serves(tmp_path: Path) -> None:
+    folder = save_tiny_model("llama", tmp_path)
+    runners = {q: ModelRunner(RunnerConfig(folder, dtype="bfloat16", num_slots=256, max_requests=4, max_context=64,
+                                           quantization=q)) for q in (None, "int4")}
+    assert any(isinstance(m, Int4Linear) for m in runners["int4"].model.modules())
+    logits = {}
+    for q, r in runners.items():
+        r.table.write(r.table.alloc_row(), 0, torch.arange(0, 32))
+        logits[q] = r.forward(ForwardBatch.build([BatchEntry(0, 0, [2, 5, 6, 7, 8])], r.table))
+    scale = logits[None].abs().max()
+    assert (logits["int4"] - logits[None]).abs().max() < 0.25 * scale
+    with Engine(model=str(folder), dtype="bfloat16", quantization="int4", kv_cache_tokens=256) as engine:
+        outs = engine.generate(input_ids=[[2, 5, 6, 7], [2, 9, 10]], sampling_params={
+            "max_new_tokens": 6, "temperature": 0, "ignore_eos": True})
+        assert [len(o.token_ids) for o in outs] == [6, 6]
+        assert engine.info.quantization == "int4"
+        assert_slots_balanced(engine)
+
+
+def test_int4_needs_bf16(tmp_path: Path) -> None:
+    folder = save_tiny_model("llama", tmp_path)
+    with pytest.raises(ValueError, match="int4 needs bf16 activations"):
+        Engine(model=str(folder), dtype="float32", quantization="int4")
