@@ -181,8 +181,18 @@ def test_bind_positional_run_batch_and_generator_style(backend: object) -> None:
     assert [s["answer"] for s in yielded] == [s["answer"] for s in listed]
 
 
-def test_flush_cache_server_info_and_copy(backend: object) -> None:
+@pytest.fixture()
+def default_backend(backend: object) -> Iterator[object]:
+    """`backend` as the default for this test only (later tests must not see a closed engine's)."""
+    import frontend_lang.program as program_module
+
     sgl.set_default_backend(backend)
+    yield backend
+    program_module._default_backend = None
+    sgl.global_config.default_backend = None
+
+
+def test_flush_cache_server_info_and_copy(default_backend: object) -> None:
     assert sgl.global_config.default_backend is not None
     info = sgl.get_server_info()
     assert info is not None and "stats" in info
