@@ -75,6 +75,7 @@ class EngineLoop:
         self.kv = kv  # the KV state's one owner (runtime/kv/)
         # Conversations kept cached for their next turn (runtime/prefix_pins.py): at most a quarter of the pool.
         self.pins = PrefixPins(kv.cache, max_tokens=kv.allocator.num_slots // 4)
+        kv.release_retained = self.pins.release_oldest  # a running request that cannot grow: pins go first
         self._grammar_mask = grammar_mask or (lambda logits, matchers: None)
         self.sampling = StepSampler(Sampler(set(tokenizer.eos_token_ids)), self._timed_mask)
         self.output = OutputProcessor(scheduler, kv, set(tokenizer.eos_token_ids), context_len)

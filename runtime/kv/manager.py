@@ -9,6 +9,8 @@ methods are the only code that moves slots between those places or writes a requ
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from radix import BasePrefixCache, SlotAllocator
@@ -27,6 +29,9 @@ class KVManager:
         self.cache = cache
         self.tiers = tiers  # host and disk copies under the cache (None: the pool alone)
         self.page = allocator.page_size
+        # Lets go of one retained prefix (runtime/prefix_pins.py; the engine loop sets it): False
+        # when none is left. Retained prefixes go before a running request is retracted or failed.
+        self.release_retained: Callable[[], bool] | None = None
 
     # -- sizes -------------------------------------------------------------------------------------
 
@@ -63,6 +68,8 @@ class KVManager:
         if need <= 0:
             return True
         slots = self.alloc(need)
+        while slots is None and self.release_retained is not None and self.release_retained():
+            slots = self.alloc(need)
         if slots is None:
             return False
         assert req.row is not None

@@ -140,6 +140,17 @@ def test_chat_cache_control_retains_the_prefix_up_to_the_marked_message(small: R
     assert _retention(small.url)["retention"]["pins"] == 1  # the same prefix: refreshed, not added
 
 
+def test_a_running_request_that_cannot_grow_takes_the_room_of_retained_prefixes(small: RunningServer) -> None:
+    _cached(small.url, _ids(10, 78), retention_seconds=600)  # 78 of the 320 slots, held
+    response = httpx.post(f"{small.url}/generate", timeout=120, json={"input_ids": _ids(11, 200), "sampling_params": {
+        "max_new_tokens": 100, "temperature": 0, "ignore_eos": True}})  # 300 tokens: more than 320 - 78
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["meta_info"]["finish_reason"]["type"] == "length" and body["meta_info"]["completion_tokens"] == 100
+    summary = _retention(small.url)["retention"]
+    assert summary["pins"] == 0 and summary["released"] >= 1
+
+
 @pytest.mark.parametrize(("fields", "param"), [
     ({"retention_seconds": 0}, "retention_seconds"),
     ({"retention_seconds": -5}, "retention_seconds"),
