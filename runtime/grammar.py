@@ -21,7 +21,7 @@ import threading
 import torch
 
 from runtime.grammar_vocab import tokenizer_info
-from runtime.json_grammar import json_schema_ebnf
+from runtime.json_grammar import json_schema_ebnf, repair_json_ebnf
 
 # `response_format: {"type": "json_object"}` asks for an object, not any JSON value.
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
@@ -65,13 +65,22 @@ class Grammars:
                     return compiler.compile_grammar(source)
                 if kind == "structural_tag":
                     json.loads(source)
-                    return compiler.compile_structural_tag(source)
+                    return self._structural_tag(compiler, source)
         except (ValueError, self._xgr.InvalidStructuralTagError) as exc:
             raise ValueError(f"{kind}: {exc}") from exc
         except RuntimeError as exc:  # xgrammar reports parse errors this way, after a source location
             message = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(exc).strip().splitlines()[-1])
             raise ValueError(f"{kind}: invalid: {message}") from exc
         raise ValueError(f"unknown constraint kind {kind!r}")
+
+    def _structural_tag(self, compiler: object, source: str) -> object:
+        """Its JSON (tool-call arguments) repaired as a schema's is, where xgrammar prints the grammar
+        (tags triggered by text); tags triggered by a token need the vocabulary to build: as they are."""
+        try:
+            ebnf = repair_json_ebnf(str(self._xgr.Grammar.from_structural_tag(source)))
+        except (self._xgr.InvalidStructuralTagError, RuntimeError, ValueError):
+            return compiler.compile_structural_tag(source)  # type: ignore[attr-defined]
+        return compiler.compile_grammar(ebnf)  # type: ignore[attr-defined]
 
     def matcher(self, compiled: object) -> object:
         return self._xgr.GrammarMatcher(compiled)

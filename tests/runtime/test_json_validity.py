@@ -125,3 +125,18 @@ def test_special_tokens_are_not_text_to_the_grammar_when_skipped(engine: Engine)
     assert not skipped.accept_token(0)
     assert kept.accept_token(0)  # as text, `<pad>` is legal inside a string
     assert engine.tokenizer.decode([0], skip_special_tokens=False) == "<pad>"
+
+
+def test_tool_call_arguments_in_a_structural_tag_are_repaired_too(engine: Engine) -> None:
+    """tool_choice auto's structural tag holds a started call to the tool's schema: the same repair."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}
+    tag = {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<tool_call>"],
+                                                "stop_after_first": True, "tags": [{
+                                                    "type": "tag", "begin": '<tool_call>{"name": "f", "arguments": ',
+                                                    "content": {"type": "json_schema", "json_schema": schema},
+                                                    "end": "}</tool_call>"}]}}
+    grammars = engine.grammars
+    compiled = grammars.compile("structural_tag", json.dumps(tag))
+    opened = 'Sure. <tool_call>{"name": "f", "arguments": {"city": "'
+    assert grammars.matcher(compiled).accept_string(opened + 'Pa\\"ris"}}</tool_call>')
+    assert not grammars.matcher(compiled).accept_string(opened + "Pa\x0f")
