@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields
 
 from kernels import check_backend_name
@@ -56,16 +57,27 @@ class EngineArgs:
     overlap_schedule: str = field(default="auto", metadata={
         "help": "auto (on for cuda, off for cpu), on or off: plan step n+1 while the device runs step n"})
     disable_overlap_schedule: bool = field(default=False, metadata={"help": "same as --overlap-schedule off"})
+    speculative_algorithm: str | None = field(default=None, metadata={
+        "help": "ngram: prompt-lookup speculative decoding for greedy requests (drafts from the request's own "
+                "tokens, verified in one forward; output unchanged). Default: off"})
+    speculative_config: str | None = field(default=None, metadata={
+        "help": "vLLM's spelling, as JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                "\"prompt_lookup_max\": 3, \"prompt_lookup_min\": 1}"})
+    speculative_num_draft_tokens: int = field(default=4, metadata={"help": "draft tokens verified per step at most"})
+    speculative_ngram_min: int = field(default=1, metadata={"help": "shortest n-gram a draft is looked up by"})
+    speculative_ngram_max: int = field(default=3, metadata={"help": "longest n-gram a draft is looked up by"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
     seed: int = field(default=0, metadata={"help": "seed for requests that do not set their own"})
 
     def validate(self) -> None:
+        self._read_speculative_config()
         def positive(name: str) -> None:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
 
-        for name in ("kv_host_tier_tokens", "cuda_graph_max_bs", "page_size", "max_running_requests", "chunked_prefill_size", "max_prefill_tokens",
+        for name in ("speculative_num_draft_tokens", "speculative_ngram_min", "speculative_ngram_max",
+                     "kv_host_tier_tokens", "cuda_graph_max_bs", "page_size", "max_running_requests", "chunked_prefill_size", "max_prefill_tokens",
                      "kv_cache_tokens", "context_length", "max_queued_requests", "num_threads", "max_kv_cache_tokens"):
             positive(name)
         if self.schedule_policy not in SCHEDULE_POLICIES:
@@ -80,15 +92,41 @@ class EngineArgs:
         resolve_dtype(self.dtype)  # raises for an unknown name; `auto` is decided when the engine is built
         if self.quantization not in (None, "int8", "int4"):  # what it needs of the device: runtime/cpu/prepare.py
             raise ValueError(f"quantization must be int8, int4 or unset, got {self.quantization!r}")
+        if self.speculative_algorithm not in (None, "ngram"):
+            raise ValueError(f"speculative_algorithm must be ngram or unset, got {self.speculative_algorithm!r}")
+        if self.speculative_ngram_min > self.speculative_ngram_max:
+            raise ValueError("speculative_ngram_min must be <= speculative_ngram_max")
         if self.overlap_schedule not in ("auto", "on", "off"):
             raise ValueError(f"overlap_schedule must be auto, on or off, got {self.overlap_schedule!r}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         check_device_name(self.device)
 
+    def _read_speculative_config(self) -> None:
+        """Fold vLLM's --speculative-config and SGLang's upper-case NGRAM into our fields."""
+        if self.speculative_algorithm is not None:
+            self.speculative_algorithm = self.speculative_algorithm.lower()
+        if self.speculative_config is None:
+            return
+        try:
+            config = json.loads(self.speculative_config)
+        except ValueError as exc:
+            raise ValueError(f"speculative_config must be JSON: {exc}") from exc
+        if not isinstance(config, dict) or str(config.get("method", "")).lower() != "ngram":
+            raise ValueError("speculative_config: only {\"method\": \"ngram\", ...} is supported")
+        unknown = set(config) - {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+        if unknown:
+            raise ValueError(f"speculative_config: unknown field(s) {sorted(unknown)}")
+        self.speculative_algorithm = "ngram"
+        self.speculative_num_draft_tokens = int(config.get("num_speculative_tokens", self.speculative_num_draft_tokens))
+        self.speculative_ngram_max = int(config.get("prompt_lookup_max", self.speculative_ngram_max))
+        self.speculative_ngram_min = int(config.get("prompt_lookup_min", self.speculative_ngram_min))
+
     def overlap_on(self, device_type: str) -> bool:
         if self.disable_overlap_schedule or self.overlap_schedule == "off":
             return False
+        if self.speculative_algorithm is not None:
+            return False  # a draft's verified length is known only once its step is read back
         # On the CPU the forward blocks the host, so there is nothing to hide behind: off by default.
         return self.overlap_schedule == "on" or device_type == "cuda"
 

@@ -272,6 +272,10 @@ class EngineLoop:
             "retractions_total": counters.retractions,
             "steps_total": self.steps,
         }
+        if sched.speculative is not None:  # prompt-lookup speculative decoding (runtime/speculative.py)
+            drafted, kept = counters.draft_tokens, self.output.accepted_draft_tokens
+            stats.update({"spec_draft_tokens_total": drafted, "spec_accepted_tokens_total": kept,
+                          "spec_acceptance_rate": kept / drafted if drafted else 0.0})
         if self.kv.tiers is not None:  # the prefix cache's host and disk tiers (runtime/kv/tiers.py)
             tiers, tree = self.kv.tiers, cache.stats  # type: ignore[attr-defined]
             stats.update({

@@ -13,6 +13,7 @@ from runtime.kv import KVManager
 from runtime.output import Logprobs, Output
 from runtime.request import Req, ReqState
 from runtime.scheduler import Scheduler
+from runtime.speculative import accepted
 from runtime.step import StepOutputs, StepPlan
 
 
@@ -24,6 +25,7 @@ class OutputProcessor:
         self.context_len = context_len
         self.requests: dict[str, Req] = {}  # every request not yet finished, by rid
         self.generated_tokens = 0
+        self.accepted_draft_tokens = 0  # draft tokens the model chose too (runtime/speculative.py)
         self.outbox: list[tuple[Callable[[Output], None], Output]] = []
 
     def advance(self, plan: StepPlan, out: StepOutputs) -> None:
@@ -55,11 +57,28 @@ class OutputProcessor:
                     continue
                 req.inflight -= 1
                 self._append(req, r.token_ids[j], r.logprobs[j], r.top_logprobs[j])
+            self._verify_drafts(out, r.token_ids[len(out.generating) :])
         for req in out.sampled_reqs:
             if req.params.max_new_tokens == 0:
                 self.finish(req, "length")  # prefill only (e.g. warming a shared prefix)
             elif req.state is ReqState.RUNNING and req in finished_prefill:
                 self.kv.cache_unfinished(req)  # others with this prompt hit it from now on
+
+    def _verify_drafts(self, out: StepOutputs, choices: list[int]) -> None:
+        """Keep each draft's prefix the model chose too, then the model's own next token; the
+        rejected positions' KV slots go back (runtime/speculative.py)."""
+        j = 0
+        for req, draft in out.drafts:
+            targets, j = choices[j : j + len(draft) + 1], j + len(draft) + 1
+            if req.state is not ReqState.RUNNING:
+                continue
+            n = accepted(draft, targets)
+            self.accepted_draft_tokens += n
+            self.kv.verified(req, req.kv_len - len(draft) + n)
+            for token in targets[: n + 1]:
+                self._append(req, token, None, None)
+                if req.state is not ReqState.RUNNING:
+                    break  # a stop inside the draft: the rest is not the request's
 
     def _apply_prompt_logprobs(self, req: Req, values: list, tops: list) -> None:
         if req.logprobs is None:

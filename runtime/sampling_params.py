@@ -46,6 +46,8 @@ class SamplingParams:
     # xgrammar's structural tag, as JSON text (as SGLang's `structural_tag`): free text until a
     # trigger, then the tag's content constrained (how tool calls are kept valid under tool_choice auto)
     structural_tag: str | None = None
+    # False: this request never drafts tokens, even when the engine speculates (runtime/speculative.py)
+    speculative: bool = True
 
     @classmethod
     def from_dict(cls, values: dict[str, object] | None) -> SamplingParams:

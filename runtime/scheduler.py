@@ -20,6 +20,7 @@ from runtime.kv import KVManager
 from runtime.output import Logprobs
 from runtime.request import Req, ReqState
 from runtime.schedule_policy import SchedulePolicy
+from runtime.speculative import SpeculativeConfig, may_speculate, propose
 from runtime.step import StepPlan
 
 # Room held back for running requests' future tokens: this share of (at most DECODE_RESERVE_CAP)
@@ -34,6 +35,7 @@ class SchedulerCounters:
     cached_tokens: int = 0
     computed_prompt_tokens: int = 0  # prompt tokens actually run through the model (incl. recompute)
     retractions: int = 0
+    draft_tokens: int = 0  # tokens proposed by speculative decoding (runtime/speculative.py)
 
 
 class Scheduler:
@@ -46,6 +48,9 @@ class Scheduler:
         self.counters = SchedulerCounters()
         self.failed: list[Req] = []  # requests the scheduler gave up on this step (engine reports them)
         self.on_dequeue: Callable[[Req], None] = lambda req: None  # a new request left the waiting queue
+        self.speculative = (SpeculativeConfig(args.speculative_num_draft_tokens, args.speculative_ngram_min,
+                                              args.speculative_ngram_max)
+                            if args.speculative_algorithm == "ngram" else None)
 
     def add(self, req: Req) -> None:
         self.waiting.append(req)
@@ -87,9 +92,17 @@ class Scheduler:
 
     def _schedule_decodes(self, plan: StepPlan) -> None:
         decoding = [r for r in self.running if r.is_decoding]
-        if self.kv.grow_decodes(decoding):  # the common case: everyone fits, one allocation
+        drafts = self._drafts(decoding)
+        if drafts and not self.kv.grow_decodes(decoding, drafts):
+            drafts = {}  # no room to verify drafts this step: decode one token each
+        if drafts or self.kv.grow_decodes(decoding):  # the common case: everyone fits, one allocation
             for req in decoding:
-                plan.add(req, 1)
+                draft = drafts.get(req)
+                if draft:
+                    plan.add_draft(req, draft)
+                    self.counters.draft_tokens += len(draft)
+                else:
+                    plan.add(req, 1)
             return
         for req in decoding:
             if req.state is not ReqState.RUNNING:
@@ -102,6 +115,23 @@ class Scheduler:
                 self._retract(victim, plan)
             else:
                 plan.add(req, 1)
+
+    def _drafts(self, decoding: list[Req]) -> dict[Req, list[int]]:
+        """Prompt-lookup drafts for the decoding requests that may speculate (runtime/speculative.py)."""
+        config = self.speculative
+        if config is None:
+            return {}
+        drafts = {}
+        for req in decoding:
+            if not may_speculate(req):
+                continue
+            # never past max_new_tokens (the verified tokens plus the model's own next one) or the context
+            room = min(req.params.max_new_tokens - len(req.output_ids) - 1, self.kv.table.max_context - req.seq_len - 1)
+            if room > 0:
+                draft = propose(req.all_ids, config)[:room]
+                if draft:
+                    drafts[req] = draft
+        return drafts
 
     def _continue_prefills(self, plan: StepPlan, budget: int) -> int:
         for req in list(self.running):

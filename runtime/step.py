@@ -35,6 +35,7 @@ class BatchEntry:
     token_ids: list[int]  # the new tokens, at positions prefix_len, prefix_len + 1, ...
     logits_from: int | None = None  # also return logits of new-token offsets >= this
     future: int | None = None  # token_ids[-1] is the previous step's sampled id number `future`
+    draft: int = 0  # the last `draft` tokens are proposals to verify (runtime/speculative.py)
 
 
 # The packed layout of a step: one int64 tensor holding these sections, in this order. Sizes are
@@ -97,6 +98,11 @@ class StepPlan:
         assert len(tokens) == num_tokens
         self._put(req, BatchEntry(req.row, req.kv_len, tokens, logits_from))
 
+    def add_draft(self, req: Req, draft: list[int]) -> None:
+        """A decode with proposed next tokens: the last known token and the draft, logits at each."""
+        assert req.row is not None and not req.inflight and req.kv_len == req.seq_len - 1
+        self._put(req, BatchEntry(req.row, req.kv_len, [req.token_at(req.kv_len), *draft], 0, draft=len(draft)))
+
     def _put(self, req: Req, entry: BatchEntry) -> None:
         (self._extends if len(entry.token_ids) > 1 else self._decodes).append((req, entry))
 
@@ -133,4 +139,6 @@ class StepOutputs:
     prompt_logprobs: list[tuple[Req, list, list]] = field(default_factory=list)  # (req, values, tops)
     sampled_reqs: list[Req] = field(default_factory=list)  # requests that reached their last prompt token
     generating: list[Req] = field(default_factory=list)  # of those, the ones that sample a token
+    drafts: list[tuple[Req, list[int]]] = field(default_factory=list)  # decodes verifying drafts
+    # Rows of `result`: one per generating request, then 1 + len(draft) per drafting one.
     result: PendingSample | None = None

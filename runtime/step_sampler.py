@@ -30,9 +30,14 @@ class StepSampler:
         """Prompt logprobs and next tokens for a step's logits, laid out as `layout` says."""
         out = StepOutputs()
         rows: list[int] = []
+        draft_rows: list[int] = []
         for req, entry, start, count in zip(plan.reqs, plan.entries, layout.logit_starts, layout.logit_counts):
             if req.state is ReqState.FINISHED:
                 continue  # finished by the previous step's tokens, read while this step was launched
+            if entry.draft:  # a decode verifying a draft: the model's choice at every position
+                out.drafts.append((req, entry.token_ids[-entry.draft :]))
+                draft_rows.extend(range(start, start + count))
+                continue
             if entry.logits_from is not None:
                 first_pos = entry.prefix_len + len(entry.token_ids) - count
                 out.prompt_logprobs.append((req, *score_prompt(req, first_pos, logits[start : start + count])))
@@ -41,16 +46,19 @@ class StepSampler:
                 if req.params.max_new_tokens > 0:
                     out.generating.append(req)
                     rows.append(start + count - 1)
-        if rows:
+        if rows or draft_rows:
+            rows += draft_rows  # greedy choices at every drafted position (runtime/speculative.py)
             # A plain decode step samples every row in order: no need to copy the logits.
             picked = logits if rows == list(range(logits.shape[0])) else logits.index_select(
                 0, device_ids(rows, logits.device))
             matchers = [r.grammar for r in out.generating]
             if any(m is not None for m in matchers):
-                self.grammar_mask(picked, matchers)
-            out.result = self.sampler.sample_async(picked, [
-                SampleRow(r.params, r.prompt_ids, r.output_ids, r.seed, drawn=len(r.output_ids) + r.inflight)
-                for r in out.generating])
+                self.grammar_mask(picked[: len(out.generating)], matchers)
+            sample_rows = [SampleRow(r.params, r.prompt_ids, r.output_ids, r.seed,
+                                     drawn=len(r.output_ids) + r.inflight) for r in out.generating]
+            for req, draft in out.drafts:
+                sample_rows += [SampleRow(req.params, req.prompt_ids, req.output_ids, req.seed)] * (len(draft) + 1)
+            out.result = self.sampler.sample_async(picked, sample_rows)
         return out
 
 

@@ -77,10 +77,12 @@ class KVManager:
         req.allocated += need
         return True
 
-    def grow_decodes(self, reqs: list[Req]) -> bool:
-        """Room for one more token of KV for each of `reqs`, in one allocation and one table write.
-        All or nothing: False, with nothing changed, when they do not all fit."""
-        needs = [self.pages_for(r.kv_len + 1) - r.allocated for r in reqs]
+    def grow_decodes(self, reqs: list[Req], drafts: dict[Req, list[int]] | None = None) -> bool:
+        """Room for one more token of KV for each of `reqs` (and its draft's, if it has one), in one
+        allocation and one table write. All or nothing: False, with nothing changed, when they do
+        not all fit."""
+        drafts = drafts or {}
+        needs = [self.pages_for(r.kv_len + 1 + len(drafts.get(r, ()))) - r.allocated for r in reqs]
         total = sum(n for n in needs if n > 0)
         if total == 0:
             return True
@@ -111,6 +113,15 @@ class KVManager:
         req.kv_len += num_tokens
         assert req.kv_len <= req.allocated, "KV written past the slots a request holds"
 
+    def verified(self, req: Req, kept: int) -> None:
+        """A draft was verified: KV is kept for the first `kept` tokens; the slots past them go back."""
+        assert req.row is not None and kept <= req.kv_len
+        req.kv_len = kept
+        keep = max(self.pages_for(kept), req.locked_len)
+        if keep < req.allocated:
+            self.allocator.free(self.table.read(req.row, req.allocated)[keep:].clone())
+            req.allocated = keep
+
     # -- handing KV to the cache -------------------------------------------------------------------
 
     def cache_unfinished(self, req: Req) -> None:
@@ -138,7 +149,8 @@ class KVManager:
         if req.row is None:
             return
         slots = self.table.read(req.row, req.allocated).clone()
-        keep = req.kv_len // self.page * self.page
+        # (a request that stopped inside a verified draft has KV for tokens it did not keep)
+        keep = min(req.kv_len, req.seq_len) // self.page * self.page
         k = self.cache.insert(req.all_ids[:keep], slots[:keep], req.extra_key)
         self.allocator.free(slots[req.locked_len : max(k, req.locked_len)])
         self.allocator.free(slots[keep:])
