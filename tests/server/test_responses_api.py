@@ -137,15 +137,18 @@ def test_store_false_get_delete_and_unknown_ids(server: RunningServer, client: o
 
 
 def test_the_store_is_bounded(server: RunningServer) -> None:
-    with serve(server.engine, served_model_name="tiny", responses_store_size=2, responses_ttl=0.5) as small:
+    with serve(server.engine, served_model_name="tiny", responses_store_size=2) as small:
         client = openai.OpenAI(base_url=small.url + "/v1", api_key="none")
         ids = [client.responses.create(model="tiny", input=f"turn {i}", **GREEDY).id for i in range(3)]
         with pytest.raises(openai.NotFoundError):
             client.responses.retrieve(ids[0])  # least recently used, beyond the 2 kept
         assert client.responses.retrieve(ids[2]).id == ids[2]
-        time.sleep(0.6)
+    with serve(server.engine, served_model_name="tiny", responses_ttl=0.2) as brief:
+        client = openai.OpenAI(base_url=brief.url + "/v1", api_key="none")
+        kept = client.responses.create(model="tiny", input="hi", **GREEDY)
+        time.sleep(0.3)
         with pytest.raises(openai.BadRequestError, match="not found"):
-            client.responses.create(model="tiny", input="hi", previous_response_id=ids[2], **GREEDY)
+            client.responses.create(model="tiny", input="hi", previous_response_id=kept.id, **GREEDY)
 
 
 def test_reasoning_becomes_a_reasoning_item(client: openai.OpenAI) -> None:
