@@ -113,7 +113,7 @@ def chat_messages(body: ChatCompletionRequest, template_renders_calls: bool = Fa
         entry: dict[str, object] = {"role": "system" if message.role == "developer" else message.role}
         if message.tool_calls:
             calls = [{"type": "function", "id": c.id,
-                      "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments, i)}}
+                      "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
                      for c in message.tool_calls]
             call_ids.update(c.id for c in message.tool_calls)
             entry["tool_calls"] = calls
@@ -138,12 +138,13 @@ def chat_messages(body: ChatCompletionRequest, template_renders_calls: bool = Fa
     return messages
 
 
-def _arguments(text: str, i: int) -> object:
+def _arguments(text: str) -> object:
+    """A call's arguments as templates take them: the JSON value, or the text itself when it is
+    not JSON (a call cut by max_tokens that a client sends back; OpenAI takes it too)."""
     try:
         return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise APIError(400, f"messages[{i}].tool_calls: arguments must be JSON text", f"messages[{i}].tool_calls") \
-            from exc
+    except json.JSONDecodeError:
+        return text
 
 
 # -- the plan -------------------------------------------------------------------------------------
