@@ -167,7 +167,10 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest, top_logprobs: int
     specs = tool_specs(body)
     if constraint.tool == "auto":
         plan.tool_parser = _auto_parser(state, body, specs)
-        plan.tool_prefix = _opened_call(prompt, plan.tool_parser.trigger)
+        # Only where the grammar then holds the call: else the prompt's text could end up in content.
+        prefix = _opened_call(prompt, plan.tool_parser.trigger) if plan.tool_parser.constrained else ""
+        if any(plan.tool_parser.call_tag(t, {})[0].startswith(prefix) for t in specs):
+            plan.tool_prefix = prefix  # the grammar starts inside the call this opened
         tag = structural_tag(plan.tool_parser, specs, body.parallel_tool_calls is not False, plan.tool_prefix,
                              _special_tokens(engine))
         if tag is not None:
