@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.cpu.kernel_linear import Kernel, KernelLinear, linear_kernel, swap_linears
+from runtime.cpu.kernel_linear import FewRowsLinear, Kernel, swap_linears
 from runtime.cpu.packed_linear import PackedLinear
 
 INT4_GROUP = 32
@@ -58,16 +58,11 @@ def int4_kernel(weight: torch.Tensor, bias: torch.Tensor | None, group: int = IN
     return run
 
 
-class Int4Linear(KernelLinear):
+class Int4Linear(FewRowsLinear):
     """int4 weights for few rows, its own (bf16) weights for more."""
 
     def __init__(self, linear: nn.Linear, packed: bool) -> None:
-        super().__init__(linear)
-        self._int4 = int4_kernel(linear.weight, linear.bias)
-        self._wide = linear_kernel(linear.weight, linear.bias, packed)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._int4(x) if x.shape[0] <= INT4_MAX_ROWS else self._wide(x)
+        super().__init__(linear, int4_kernel(linear.weight, linear.bias), INT4_MAX_ROWS, packed)
 
 
 def quantize_linears_int4(model: nn.Module, packed: bool) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.cpu.kernel_linear import Kernel, KernelLinear, linear_kernel, swap_linears
+from runtime.cpu.kernel_linear import FewRowsLinear, Kernel, swap_linears
 
 INT8_MAX_ROWS = 4
 
@@ -38,16 +38,11 @@ def int8_kernel(weight: torch.Tensor, bias: torch.Tensor | None) -> Kernel:
     return run
 
 
-class Int8Linear(KernelLinear):
+class Int8Linear(FewRowsLinear):
     """int8 weights for few rows, its own (bf16) weights for more."""
 
     def __init__(self, linear: nn.Linear, packed: bool) -> None:
-        super().__init__(linear)
-        self._int8 = int8_kernel(linear.weight, linear.bias)
-        self._wide = linear_kernel(linear.weight, linear.bias, packed)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._int8(x) if x.shape[0] <= INT8_MAX_ROWS else self._wide(x)
+        super().__init__(linear, int8_kernel(linear.weight, linear.bias), INT8_MAX_ROWS, packed)
 
 
 def quantize_linears(model: nn.Module, packed: bool) -> int:

@@ -58,6 +58,20 @@ class KernelLinear(nn.Linear):
         self.shard_sizes = getattr(linear, "shard_sizes", None)
 
 
+class FewRowsLinear(KernelLinear):
+    """A kernel of its own for products of at most `max_rows` rows (a decode step, which only
+    streams the weights), and the layer's own weights, packed where `packed`, for more."""
+
+    def __init__(self, linear: nn.Linear, few: Kernel, max_rows: int, packed: bool) -> None:
+        super().__init__(linear)
+        self.max_rows = max_rows
+        self._few = few
+        self._wide = linear_kernel(linear.weight, linear.bias, packed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._few(x) if x.shape[0] <= self.max_rows else self._wide(x)
+
+
 def swap_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Linear]) -> int:
     """Replace every plain nn.Linear of a loaded model but the output head by `make(layer)`; returns how many."""
     swaps = linears(model)
