@@ -245,3 +245,19 @@ def test_parser_flags_take_vllm_and_sglang_names_and_refuse_unknown_ones() -> No
                                                                                 "reasoning_parser")):
         with pytest.raises(ValueError, match=f"^{name}: unknown parser"):
             check_parser_flags(parse(flags)[1])
+
+
+def test_strict_functions_close_their_objects() -> None:
+    import msgspec
+
+    from server.protocol import ChatCompletionRequest
+    from server.structured import tool_specs
+
+    schema = {"type": "object", "properties": {"where": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+    body = msgspec.convert({"messages": [], "tools": [
+        {"type": "function", "function": {"name": "a", "parameters": schema, "strict": True}},
+        {"type": "function", "function": {"name": "b", "parameters": schema}}]}, ChatCompletionRequest)
+    strict, loose = tool_specs(body)
+    assert strict.parameters["additionalProperties"] is False
+    assert strict.parameters["properties"]["where"]["additionalProperties"] is False
+    assert loose.parameters == schema
