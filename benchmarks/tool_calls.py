@@ -126,11 +126,12 @@ def _server_parser(client) -> str:  # noqa: ANN001
     return info.json()["tool_call_parser_resolved"]
 
 
-def score(client, model: str, constrained: bool) -> dict:  # noqa: ANN001 - an openai.OpenAI
+def score(client, model: str, constrained: bool, concurrency: int) -> dict:  # noqa: ANN001 - an openai.OpenAI
     """Exact-function and exact-argument rates over TASKS for one mode."""
     rows = []
-    for question, function, arguments in TASKS:
-        calls = _reply_calls(client, model, question, constrained)
+    with ThreadPoolExecutor(concurrency) as pool:  # greedy: the same answers as one at a time, sooner
+        replies = list(pool.map(lambda task: _reply_calls(client, model, task[0], constrained), TASKS))
+    for (question, function, arguments), calls in zip(TASKS, replies):
         got_name = calls[0][0] if calls else None
         try:
             got_args = json.loads(calls[0][1]) if calls else None
@@ -218,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="agent")
     parser.add_argument("--agents", type=int, default=8)
-    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=4, help="requests in flight (accuracy and agent loop)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     from openai import OpenAI
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     with server(args.model) as url:
         client = OpenAI(base_url=url, api_key="none", timeout=600)
         for constrained in (False, True):
-            row = score(client, args.model, constrained)
+            row = score(client, args.model, constrained, args.concurrency)
             result["constrained" if constrained else "parsed"] = row
             print(f"{'auto, constrained calls' if constrained else 'free text, parsed      '}: "
                   f"a call {100 * row['any_call']:5.1f}%, function exact {100 * row['function_exact']:5.1f}%, "

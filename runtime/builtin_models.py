@@ -102,10 +102,11 @@ GEMMA_3_270M = BuiltinModel(
 )
 
 # Tool results, as Qwen's template gives them (a user turn of <tool_response> blocks), made the
-# 0.5B model call the same tool again, every time (greedy, measured on four wordings of the
-# result and of an added instruction). One wording made it answer, for a lookup and for a
-# calculator alike: the result in plain words and an explicit "without calling a tool". So tool
-# turns are written that way; the system turn, the tools and the calls are the GGUF's as they are.
+# 0.5B model call the same tool again, every time (greedy; the result as a word, a sentence or
+# JSON, with or without an added instruction to answer, as a user or a tool turn). One wording
+# made it answer, for a lookup and for a calculator alike: the result in plain words and an
+# explicit "without calling a tool". So tool turns are written that way; the system turn, the
+# tools and the calls are the GGUF's as they are.
 QWEN_CODER_TOOL_RESULT_EDITS: tuple[tuple[str, str], ...] = (
     ("{{- '\\n<tool_response>\\n' }}\n        {{- message.content }}\n        {{- '\\n</tool_response>' }}",
      "{{- '\\nThe tool returned: ' }}\n        {{- message.content }}"),
