@@ -255,12 +255,12 @@ class Engine:
                    priority: int = 0) -> None:
         """Retain the cached prefix of `token_ids` (a finished conversation, a prompt that asked for
         retention) for `ttl_s` seconds, under `key` (pinning a key again replaces its pin): evicted
-        last, lower `priority` first. Bounded: runtime/prefix_pins.py."""
+        last, lower `priority` first. Bounded: runtime/kv/pins.py."""
         ids = list(token_ids)
-        self.loop.post(lambda: self.loop.pins.pin(key, ids, ttl_s, cache_salt, priority))
+        self.loop.post(lambda: self.kv.pins.pin(key, ids, ttl_s, cache_salt, priority))
 
     def unpin_prefix(self, key: str) -> None:
-        self.loop.post(lambda: self.loop.pins.unpin(key))
+        self.loop.post(lambda: self.kv.pins.unpin(key))
 
     def cache_snapshot(self, offset: int = 0, limit: int = DEFAULT_LIMIT) -> dict[str, object]:
         """One page of the prefix cache's tree, read on the engine thread (radix/tree_view.py), with
@@ -271,7 +271,7 @@ class Engine:
 
         def run() -> None:
             try:
-                kv, pins = self.kv, self.loop.pins
+                kv, pins = self.kv, self.kv.pins
                 pins.expire()  # a retention whose time is up is not shown
                 tiers, capacities = kv.tiers, {"device": kv.allocator.num_slots}
                 if tiers is not None and tiers.config.host_tokens:

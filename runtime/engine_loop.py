@@ -34,7 +34,6 @@ import torch
 from runtime.kv import KVManager
 from runtime.model_runner import ModelRunner
 from runtime.output_processor import OutputProcessor
-from runtime.prefix_pins import PrefixPins
 from runtime.request import Req, ReqState
 from runtime.sampler import Sampler, has_penalty
 from runtime.scheduler import Scheduler
@@ -73,9 +72,6 @@ class EngineLoop:
         self.timings: StepTimings | None = None  # Engine.time_steps() sets it (runtime/step_timing.py)
         self.scheduler = scheduler
         self.kv = kv  # the KV state's one owner (runtime/kv/)
-        # Conversations kept cached for their next turn (runtime/prefix_pins.py): at most a quarter of the pool.
-        self.pins = PrefixPins(kv.cache, max_tokens=kv.allocator.num_slots // 4)
-        kv.release_retained = self.pins.release_oldest  # a running request that cannot grow: pins go first
         self._grammar_mask = grammar_mask or (lambda logits, matchers: None)
         self.sampling = StepSampler(Sampler(set(tokenizer.eos_token_ids)), self._timed_mask)
         self.output = OutputProcessor(scheduler, kv, set(tokenizer.eos_token_ids), context_len)
@@ -121,7 +117,7 @@ class EngineLoop:
                     block = False
                     self._refresh_stats()
                     self._deliver()
-                self.pins.expire()
+                self.kv.pins.expire()
                 if self.scheduler.has_work() or self._inflight is not None:
                     self._step()
                 self._refresh_stats()
@@ -220,7 +216,7 @@ class EngineLoop:
     def _unblock(self) -> None:
         """Nothing could be scheduled. With nothing running, the head of the queue can never fit."""
         if not self.scheduler.running and self.scheduler.waiting:
-            if self.pins.release_oldest():
+            if self.kv.pins.release_oldest():
                 return  # pinned conversations make room before anyone is failed
             req = self.scheduler.waiting[0]
             self.output.finish(req, "abort", error="the KV cache is too small for this request")
@@ -243,7 +239,7 @@ class EngineLoop:
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix nobody is using (pins included); a full reset when nothing runs."""
-        self.pins.release_all()
+        self.kv.pins.release_all()
         if self.scheduler.has_work():
             self.kv.cache.evict(self.kv.allocator.num_slots)
             return False

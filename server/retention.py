@@ -1,6 +1,6 @@
 """Retention requests: a client asks that its prompt's prefix stay cached for a while.
 
-Two spellings, one mechanism (Engine.pin_prefix, runtime/prefix_pins.py: evicted last, within a
+Two spellings, one mechanism (Engine.pin_prefix, runtime/kv/pins.py: evicted last, within a
 quarter of the pool, expiring on its own):
 - chat: Anthropic's `cache_control: {"type": "ephemeral", "ttl": "5m" | "1h"}` on a message or on
   one of its content parts retains the prompt up to and including that message (each marked

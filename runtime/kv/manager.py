@@ -9,11 +9,11 @@ methods are the only code that moves slots between those places or writes a requ
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
 import torch
 
 from radix import BasePrefixCache, SlotAllocator
+from runtime.kv.pins import PrefixPins
 from runtime.kv.pool import KVPool
 from runtime.kv.slot_table import ReqSlotTable
 from runtime.kv.tiers import KVTiers
@@ -29,9 +29,9 @@ class KVManager:
         self.cache = cache
         self.tiers = tiers  # host and disk copies under the cache (None: the pool alone)
         self.page = allocator.page_size
-        # Lets go of one retained prefix (runtime/prefix_pins.py; the engine loop sets it): False
-        # when none is left. Retained prefixes go before a running request is retracted or failed.
-        self.release_retained: Callable[[], bool] | None = None
+        # Prefixes retained for a while (runtime/kv/pins.py): at most a quarter of the pool, and
+        # released before a running request is retracted or failed.
+        self.pins = PrefixPins(cache, max_tokens=allocator.num_slots // 4)
 
     # -- sizes -------------------------------------------------------------------------------------
 
@@ -68,7 +68,7 @@ class KVManager:
         if need <= 0:
             return True
         slots = self.alloc(need)
-        while slots is None and self.release_retained is not None and self.release_retained():
+        while slots is None and self.pins.release_oldest():
             slots = self.alloc(need)
         if slots is None:
             return False

@@ -7,8 +7,8 @@ the radix node of the longest cached prefix of those ids, with an expiry and a p
 the same ids again under the same key refreshes it.
 
 Retention, not hard pinning: pinned prefixes are evicted last. LRU eviction skips them (they are
-locked), and when nothing else is left to evict — a running request cannot grow (KVManager.grow
-calls `release_retained`), or a waiting request cannot fit with nothing running — pins are
+locked), and when nothing else is left to evict — a running request cannot grow (KVManager.grow,
+which owns the pins, releases one), or a waiting request cannot fit with nothing running — pins are
 released, lowest priority first and oldest first within a priority, before a request would be
 retracted or failed. Bounded so they never starve live requests: each expires
 (`ttl_s`); all pins together hold at most `max_tokens` (a quarter of the pool), and a new pin

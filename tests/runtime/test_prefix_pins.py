@@ -1,4 +1,4 @@
-"""Pinned prefixes (runtime/prefix_pins.py): a pinned conversation survives eviction pressure, and
+"""Pinned prefixes (runtime/kv/pins.py): a pinned conversation survives eviction pressure, and
 pins are bounded (their token budget, their expiry, and a request that could not fit otherwise)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from radix import RadixCache, SlotAllocator
 from runtime import Engine
-from runtime.prefix_pins import PrefixPins
+from runtime.kv.pins import PrefixPins
 from tests.runtime.engine_helpers import assert_slots_balanced
 from tests.tiny_models import save_tiny_model
 
@@ -86,7 +86,7 @@ def test_a_pinned_conversation_is_still_cached_after_a_flood(folder: Path) -> No
         big = engine.generate(input_ids=[torch.randint(3, 250, (300,), generator=gen).tolist()],
                               sampling_params={"max_new_tokens": 4, "temperature": 0})
         assert big[0].error is None and big[0].completion_tokens == 4
-        assert _on_loop(engine, lambda: len(engine.loop.pins)) == 0
+        assert _on_loop(engine, lambda: len(engine.kv.pins)) == 0
         engine.pin_prefix("conversation", pinned, ttl_s=600)
         assert engine.flush_cache()  # releases pins, then resets
         assert_slots_balanced(engine)

@@ -15,7 +15,7 @@ import torch
 
 from radix import RadixCache, SlotAllocator
 from runtime import Engine
-from runtime.prefix_pins import PrefixPins
+from runtime.kv.pins import PrefixPins
 from tests.runtime.engine_helpers import assert_slots_balanced
 from tests.server.harness import RunningServer, serve
 
