@@ -182,7 +182,7 @@ def assemble_gguf(model: BuiltinModel, target: Path) -> Path:
 
     On any mismatch `target` is removed and a `BuiltinModelError` names the package and version.
     """
-    hint = f"; install it with: {model.install_hint}"
+    hint = f"; (re)install with: {model.install_hint}"
     try:
         paths = [(part, part_path(part)) for part in model.parts]
     except BuiltinModelError as exc:
