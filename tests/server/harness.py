@@ -1,18 +1,23 @@
-"""Start a real uvicorn server on a free 127.0.0.1 port, in a thread, over an Engine."""
+"""Start a real server on a free 127.0.0.1 port: uvicorn in a thread over an Engine (`serve`), or
+`python -m server` as a user starts it, in its own process (`server_process`)."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import uvicorn
 
 from runtime import Engine
+from server import processes
 from server.app import build_app
 from server.state import ServerSettings
 
@@ -57,3 +62,25 @@ def serve(engine: Engine, **settings: object) -> Iterator[RunningServer]:
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+
+
+@contextmanager
+def server_process(*args: str, log: Path | None = None, timeout: float = 180) -> Iterator[str]:
+    """`python -m server ARGS` on a free port, its output in `log` (or dropped); yields its URL and
+    stops it afterwards."""
+    port = free_port()
+    sink = open(log, "w") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-m", "server", *args, "--port", str(port)], stdout=sink,
+                            stderr=subprocess.STDOUT)
+    try:
+        processes.wait_healthy(proc, port, "python -m server", timeout=timeout)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if log is not None:
+            sink.close()  # type: ignore[union-attr]

@@ -16,8 +16,6 @@ One server for the whole module.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -26,8 +24,8 @@ import httpx
 import openai
 import pytest
 
-from server.processes import free_port, wait_healthy
 from tests.server.agent_model import save_agent_model
+from tests.server.harness import server_process
 
 MAX_TOKENS = 96  # room for a call spelled byte by byte (about 75 characters)
 WEATHER = {"type": "function", "function": {
@@ -44,19 +42,9 @@ def weather(city: str) -> str:
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder = save_agent_model(tmp_path_factory.mktemp("agent-model"))
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "server", "--model", str(folder), "--port", str(port),
-                             "--served-model-name", "tiny", "--dtype", "float32", "--kv-cache-tokens", "4096",
-                             "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_healthy(proc, port, "radixserve", timeout=180)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with server_process("--model", str(folder), "--served-model-name", "tiny", "--dtype", "float32",
+                        "--kv-cache-tokens", "4096", "--log-level", "warning") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,6 @@ call has no message for it to shape.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Literal
 
@@ -25,7 +23,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from server.processes import free_port, wait_healthy
+from tests.server.harness import server_process
 from tests.tiny_models import save_tiny_model
 
 
@@ -37,19 +35,9 @@ class Report(BaseModel):
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder = save_tiny_model("qwen2", tmp_path_factory.mktemp("agents-responses"))
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "server", "--model", str(folder), "--port", str(port),
-                             "--served-model-name", "tiny", "--dtype", "float32", "--kv-cache-tokens", "4096",
-                             "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_healthy(proc, port, "radixserve", timeout=180)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with server_process("--model", str(folder), "--served-model-name", "tiny", "--dtype", "float32",
+                        "--kv-cache-tokens", "4096", "--log-level", "warning") as url:
+        yield url
 
 
 @pytest.mark.parametrize("streamed", [False, True])

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import frontend_lang
-from server.processes import free_port, wait_healthy
+from tests.server.harness import server_process
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None,
                                 reason="needs SGLang's frontend: make test installs it (the sglang-client extra)")
@@ -30,22 +30,9 @@ FEW_SHOT = "Q: What is the capital of France?\nA: Paris\n"
 
 @pytest.fixture(scope="module")
 def url(tiny_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
     log = tmp_path_factory.mktemp("sglang-client") / "server.log"
-    with log.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "server", "--model", str(tiny_folder), "--port", str(port),
-                                 "--dtype", "float32", "--kv-cache-tokens", "4096"], stdout=sink,
-                                stderr=subprocess.STDOUT)
-    try:
-        wait_healthy(proc, port, "python -m server", timeout=180)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with server_process("--model", str(tiny_folder), "--dtype", "float32", "--kv-cache-tokens", "4096", log=log) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
