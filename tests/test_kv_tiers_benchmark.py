@@ -16,7 +16,7 @@ def test_the_tier_benchmark_runs(tmp_path: Path) -> None:
 
     folder = save_tiny_model("llama", tmp_path / "model")
     out = tmp_path / "tiers.json"
-    kv_tiers.main(["--model", str(folder), "--doc-words", "3", "--docs", "4", "--questions", "6", "--json", str(out)])
+    kv_tiers.main(["--model", str(folder), "--doc-words", "3", "--restart-doc-words", "3", "--docs", "4", "--questions", "6", "--json", str(out)])
     result = json.loads(out.read_text())
     assert result["restart"]["restarted_cached_tokens"] > 0
     rag = result["rag"]

@@ -323,29 +323,33 @@ class KVTiers:
             return None
 
     def _read(self, path: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The file's K and V if it is whole and its checksum holds; None otherwise (and it goes)."""
+        """The file's K and V if it is whole and its checksum holds; None otherwise (and it goes).
+        Read once into one buffer, checked and viewed in place: no copies of the KV on the way."""
         try:
-            data = path.read_bytes()
+            data = bytearray(path.stat().st_size)
+            with open(path, "rb") as f:
+                if f.readinto(data) != len(data):
+                    raise OSError("short read")
         except OSError:
             return None
-        header = _read_header(path, data)
+        view = memoryview(data)
+        header = _read_header(path, view)
         if header is None:
             path.unlink(missing_ok=True)
             return None
-        start = len(MAGIC) + 8 + int.from_bytes(data[len(MAGIC) : len(MAGIC) + 8], "little")
-        payload = data[start:]
+        start = len(MAGIC) + 8 + int.from_bytes(view[len(MAGIC) : len(MAGIC) + 8], "little")
         dtype = getattr(torch, header.get("dtype", ""), None)
-        if hashlib.sha256(payload).hexdigest() != header.get("sha256") or not isinstance(dtype, torch.dtype) \
+        if hashlib.sha256(view[start:]).hexdigest() != header.get("sha256") or not isinstance(dtype, torch.dtype) \
                 or dtype != self.pool.dtype:
             logger.warning("KV disk tier: %s is corrupt or torn; its prefix will be recomputed", path.name)
             path.unlink(missing_ok=True)
             return None
         shape = tuple(header["shape"])
-        half = len(payload) // 2
+        half = (len(data) - start) // 2
         try:
-            k = torch.frombuffer(bytearray(payload[:half]), dtype=torch.uint8).view(dtype).reshape(shape)
-            v = torch.frombuffer(bytearray(payload[half:]), dtype=torch.uint8).view(dtype).reshape(shape)
-        except RuntimeError:
+            k = torch.frombuffer(data, dtype=torch.uint8, count=half, offset=start).view(dtype).reshape(shape)
+            v = torch.frombuffer(data, dtype=torch.uint8, count=half, offset=start + half).view(dtype).reshape(shape)
+        except (RuntimeError, ValueError):
             path.unlink(missing_ok=True)
             return None
         return k, v
@@ -355,7 +359,7 @@ def _tensor_bytes(t: torch.Tensor) -> bytes:
     return t.contiguous().view(torch.uint8).numpy().tobytes()
 
 
-def _read_header(path: Path, data: bytes | None = None) -> dict | None:
+def _read_header(path: Path, data: bytes | memoryview | None = None) -> dict | None:
     try:
         if data is None:
             with open(path, "rb") as f:
@@ -365,10 +369,10 @@ def _read_header(path: Path, data: bytes | None = None) -> dict | None:
                 size = int.from_bytes(data[len(MAGIC) :], "little")
                 raw = f.read(size)
         else:
-            if data[: len(MAGIC)] != MAGIC:
+            if bytes(data[: len(MAGIC)]) != MAGIC:
                 return None
             size = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 8], "little")
-            raw = data[len(MAGIC) + 8 : len(MAGIC) + 8 + size]
+            raw = bytes(data[len(MAGIC) + 8 : len(MAGIC) + 8 + size])
         if len(raw) != size:
             return None
         header = json.loads(raw)
