@@ -1,8 +1,8 @@
 """Decode steps as CUDA graphs: one captured graph per padded batch size, replayed each step.
 
 A decode step of a small model is hundreds of short kernels; launched one by one from Python
-they cost more than the GPU work (an H100 measured 4.9 ms of launches for 0.8 ms of Gemma 3
-270M linears). So at startup each batch size in `capture_sizes` gets:
+they cost several times the GPU work (the README's "On a GPU" has the H100's figures). So at
+startup each batch size in `capture_sizes` gets:
 - a static device buffer holding the body of the packed step layout (runtime/step.py:
   PACKED_LAYOUT), which every replay overwrites with one copy;
 - a graph of the forward over that buffer, read through `ForwardBatch.from_device` exactly as an
