@@ -20,18 +20,33 @@ from runtime.cpu.packed_linear import PackedLinear
 
 INT4_GROUP = 32
 INT4_MAX_ROWS = 4
+CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8)
 
 
 def quantize_groups(weight: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q (int32 in [0, 15], [N, K]), scales and zeros ([N, K // group]) with
-    weight ~= (q - 8) * scale + zero, each group's range split into 15 equal steps."""
+    weight ~= (q - 8) * scale + zero. Each group's range is split into 15 equal steps, after
+    shrinking it by the factor in CLIP_RATIOS that leaves the least squared error (an outlier
+    then costs its own accuracy rather than every other weight's)."""
     n, k = weight.shape
     w = weight.detach().float().reshape(n, k // group, group)
-    low, high = w.amin(dim=-1), w.amax(dim=-1)
-    scales = ((high - low) / 15).clamp(min=1e-8)
-    q = torch.round((w - low[..., None]) / scales[..., None]).clamp(0, 15).to(torch.int32).reshape(n, k)
-    zeros = low + 8 * scales
-    return q, scales, zeros
+    low, high = w.amin(dim=-1, keepdim=True), w.amax(dim=-1, keepdim=True)
+    center = (low + high) / 2
+    best: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    best_err: torch.Tensor | None = None
+    for ratio in CLIP_RATIOS:
+        lo, hi = center + (low - center) * ratio, center + (high - center) * ratio
+        scales = ((hi - lo) / 15).clamp(min=1e-8)
+        q = torch.round((w - lo) / scales).clamp(0, 15)
+        err = ((q * scales + lo - w) ** 2).sum(dim=-1, keepdim=True)
+        if best is None:
+            best, best_err = (q, scales, lo), err
+            continue
+        better = err < best_err
+        best = tuple(torch.where(better, new, old) for new, old in zip((q, scales, lo), best))  # type: ignore[assignment]
+        best_err = torch.minimum(err, best_err)
+    q, scales, lo = best  # type: ignore[misc]
+    return (q.to(torch.int32).reshape(n, k), scales.squeeze(-1), (lo + 8 * scales).squeeze(-1))
 
 
 def dequantize_groups(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int = INT4_GROUP) -> torch.Tensor:
