@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as `python benchmarks/x.py`: import `benchm
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import peer_figures
-from server.processes import wait_healthy
+from server.processes import stop, wait_healthy
 
 ROOT = Path(__file__).resolve().parent
 PEERS_DIR = ROOT / ".peers"
@@ -95,11 +95,7 @@ def measure(name: str, venv: str | None, packages: list[str], args: list[str], p
         figures = peer_figures.run(f"http://127.0.0.1:{port}/v1", "default", trials)
         return {"name": name, "startup_s": startup, **figures}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, timeout=60)
 
 
 def cpu_name() -> str:

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from server.processes import free_port, wait_healthy
+from server.processes import free_port, stop, wait_healthy
 
 
 def _tool(name: str, description: str, properties: dict, required: list[str] | None = None) -> dict:
@@ -211,8 +211,7 @@ def server(model: str, *flags: str) -> Iterator[str]:
         wait_healthy(process, port, "radixserve", timeout=900)
         yield f"http://127.0.0.1:{port}/v1"
     finally:
-        process.terminate()
-        process.wait(timeout=60)
+        stop(process, timeout=60)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""Starting server processes on this machine: a free loopback port, and waiting until one answers /health.
+"""Server processes on this machine: a free loopback port, waiting until one answers /health, stopping it.
 
 Shared by `python -m server.cluster` (replicas and the router), `frontend_lang.Runtime` and
 `make bench-peers`.
@@ -36,3 +36,15 @@ def wait_healthy(process: subprocess.Popen, port: int, name: str, timeout: float
             pass
         time.sleep(0.2)
     raise RuntimeError(f"{name} did not become healthy in {timeout:.0f}s")
+
+
+def stop(process: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout` seconds; safe on an exited process."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -22,7 +22,7 @@ import tempfile
 
 from frontend_lang.backends.base import BackendError
 from frontend_lang.backends.runtime_endpoint import RuntimeEndpoint
-from server.processes import free_port, wait_healthy
+from server.processes import free_port, stop, wait_healthy
 
 # SGLang's server-argument names -> ours (flags of `python -m server`).
 SGLANG_NAMES = {"mem_fraction_static": "kv_cache_memory_fraction", "max_total_tokens": "kv_cache_tokens",
@@ -96,13 +96,8 @@ class Runtime(RuntimeEndpoint):
     def shutdown(self) -> None:
         """Stop the server process (SIGTERM, then SIGKILL after 15 s). Safe to call twice."""
         process = getattr(self, "process", None)
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        if process is not None:
+            stop(process, timeout=15)
         client = getattr(self, "client", None)
         if client is not None:
             client.close()

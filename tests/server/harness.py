@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import threading
@@ -18,14 +17,9 @@ import uvicorn
 
 from runtime import Engine
 from server import processes
+from server.processes import free_port
 from server.app import build_app
 from server.state import ServerSettings
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_healthy(url: str, timeout: float = 30.0) -> None:
@@ -76,11 +70,6 @@ def server_process(*args: str, log: Path | None = None, timeout: float = 180) ->
         processes.wait_healthy(proc, port, "python -m server", timeout=timeout)
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        processes.stop(proc)
         if log is not None:
             sink.close()  # type: ignore[union-attr]
