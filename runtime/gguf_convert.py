@@ -4,7 +4,9 @@ The GGUF header decides: `general.architecture` picks one row of `GGUF_ARCHITECT
 Hugging Face config it maps to, its tensor names, its norm convention). Weights are dequantized
 with `gguf.quants.dequantize` and renamed to Hugging Face names; the tokenizer (with the GGUF's
 own chat template, when it has one) is rebuilt by `transformers` from the GGUF's vocabulary. The
-result loads like any other checkpoint, with our model code or with `transformers`.
+result loads like any other checkpoint, with our model code or with `transformers`. The GGUF's
+4-bit tensors are also kept as they are shipped, as int4 groups (runtime/gguf_groups.py), for
+`--quantization int4`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 from safetensors.torch import save_file
 from tqdm import tqdm
+
+from runtime.gguf_groups import INT4_GROUPS_FILE, write_int4_groups
 
 logger = logging.getLogger(__name__)
 
@@ -221,6 +225,9 @@ def convert_gguf(
     state = dequantized_state_dict(reader, dtype=dtype, progress=progress)
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     del state
+    arch = gguf_architecture(reader)
+    count = write_int4_groups(reader, out_dir, lambda name: hf_tensor_name(name, arch))
+    log(f"kept {count} 4-bit tensors as int4 groups for --quantization int4 ({INT4_GROUPS_FILE})")
     log(f"building the tokenizer from the GGUF vocabulary ({config['vocab_size']:,} tokens; "
         "about 30-60 s for a large vocabulary)")
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)

@@ -16,6 +16,7 @@ from runtime import cpu
 from runtime.cpu import resolve_precision
 from runtime.device import DTYPES, resolve_device, resolve_dtype  # noqa: F401 - re-exported
 from runtime.forward_batch import ForwardBatch, HostBatch
+from runtime.gguf_groups import read_int4_groups
 from runtime.step import BatchEntry
 from runtime.graph_runner import DecodeGraphRunner
 from runtime.kv import KVManager, KVPool, KVShape, ReqSlotTable, build_kv, context_length, plan_kv_tokens
@@ -84,7 +85,9 @@ class ModelRunner:
         cpu.check_quantization(cfg.quantization, self.device, self.dtype)
         self.model = load_model(cfg.model_path, self.config, self.dtype, self.device, cfg.load_format)
         # The CPU's own linear layers and output layer (runtime/cpu/); elsewhere plain ones.
-        self.output_layer = (cpu.prepare(self.model, self.precision, cfg.quantization)
+        # a GGUF's own 4-bit weights, served as shipped (never over dummy weights)
+        shipped = read_int4_groups(cfg.model_path) if cfg.quantization == "int4" and cfg.load_format != "dummy" else None
+        self.output_layer = (cpu.prepare(self.model, self.precision, cfg.quantization, shipped)
                              if self.device.type == "cpu" else OutputLayer())
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.vocab_size: int = self.config.vocab_size

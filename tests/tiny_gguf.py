@@ -18,8 +18,10 @@ def tiny_vocab() -> list[str]:
     return specials + bytes_ + words
 
 
-def write_tiny_gemma3_gguf(path: Path, seed: int = 0) -> dict[str, np.ndarray]:
-    """Write the file; return the float32 weights as they should come back (HF names)."""
+def write_tiny_gemma3_gguf(path: Path, seed: int = 0, four_bit: bool = False) -> dict[str, np.ndarray]:
+    """Write the file; return the float32 weights as they should come back (HF names). Matrices
+    are Q8_0; with `four_bit`, the attention output and down projections are Q4_0 and Q4_1 (the
+    4-bit formats `--quantization int4` serves as shipped)."""
     rng = np.random.default_rng(seed)
     vocab = tiny_vocab()
     writer = GGUFWriter(str(path), "gemma3")
@@ -50,11 +52,13 @@ def write_tiny_gemma3_gguf(path: Path, seed: int = 0) -> dict[str, np.ndarray]:
     def tensor(name: str, hf: str, shape: tuple[int, ...], quant: bool, norm: bool = False) -> None:
         data = rng.standard_normal(shape).astype(np.float32)
         if quant:
-            packed = quantize(data, GGMLQuantizationType.Q8_0)
-            writer.add_tensor(name, packed, raw_shape=packed.shape, raw_dtype=GGMLQuantizationType.Q8_0)
+            kind = {"attn_output": GGMLQuantizationType.Q4_0, "ffn_down": GGMLQuantizationType.Q4_1}.get(
+                name.split(".")[-2], GGMLQuantizationType.Q8_0) if four_bit else GGMLQuantizationType.Q8_0
+            packed = quantize(data, kind)
+            writer.add_tensor(name, packed, raw_shape=packed.shape, raw_dtype=kind)
             from gguf.quants import dequantize
 
-            data = dequantize(packed, GGMLQuantizationType.Q8_0).reshape(shape)
+            data = dequantize(packed, kind).reshape(shape)
         else:
             writer.add_tensor(name, data)
         expected[hf] = data - 1.0 if norm else data

@@ -7,7 +7,9 @@ few-row product, which only streams the weights, reads a quarter of bf16's bytes
 products of more than INT4_MAX_ROWS rows use the layer's own bf16 weights, where the int4
 kernel's unpacking costs more than the bytes it saves, and the output layer times an int4 way
 per batch size (runtime/cpu/output_layer.py). Activations stay bf16. A layer whose input width
-is not a whole number of groups keeps its bf16 weights.
+is not a whole number of groups keeps its bf16 weights. Where the checkpoint came from a GGUF
+whose tensor was already 4-bit (Q4_K, Q4_0, Q4_1: runtime/gguf_groups.py), the layer serves
+those codes as shipped instead of quantizing the dequantized weights a second time.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from torch import nn
 
 from runtime.cpu.kernel_linear import FewRowsLinear, Kernel, swap_linears
 from runtime.cpu.packed_linear import PackedLinear
+from runtime.gguf_groups import Int4Groups
+from runtime.models.weights import FUSED_FROM
 
 INT4_GROUP = 32
 INT4_MAX_ROWS = 4
@@ -56,12 +60,18 @@ def dequantize_groups(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor
 
 
 def fits_int4(weight: torch.Tensor, group: int = INT4_GROUP) -> bool:
-    return weight.shape[1] % group == 0
+    """Whole groups along the input, and output rows in the 16s torch's int4 packing wants."""
+    return weight.shape[1] % group == 0 and weight.shape[0] % 16 == 0
 
 
-def int4_kernel(weight: torch.Tensor, bias: torch.Tensor | None, group: int = INT4_GROUP) -> Kernel:
-    """x (bf16) -> x @ dequant(q).T + bias, reading packed int4 weights."""
-    q, scales, zeros = quantize_groups(weight, group)
+def int4_kernel(weight: torch.Tensor, bias: torch.Tensor | None, group: int = INT4_GROUP,
+                shipped: Int4Groups | None = None) -> Kernel:
+    """x (bf16) -> x @ dequant(q).T + bias, reading packed int4 weights: the `shipped` groups
+    (a GGUF's own 4-bit codes) where given, else `weight` quantized here."""
+    if shipped is not None:
+        q, scales, zeros = shipped.q.to(torch.int32), shipped.scales, shipped.lows + 8 * shipped.scales
+    else:
+        q, scales, zeros = quantize_groups(weight, group)
     packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
     # torch's layout: [K // group, N, 2] of (scale, zero), in the activations' dtype
     scales_and_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(weight.dtype)
@@ -76,16 +86,33 @@ def int4_kernel(weight: torch.Tensor, bias: torch.Tensor | None, group: int = IN
 class Int4Linear(FewRowsLinear):
     """int4 weights for few rows, its own (bf16) weights for more."""
 
-    def __init__(self, linear: nn.Linear, packed: bool) -> None:
-        super().__init__(linear, int4_kernel(linear.weight, linear.bias), INT4_MAX_ROWS, packed)
+    def __init__(self, linear: nn.Linear, packed: bool, shipped: Int4Groups | None = None) -> None:
+        super().__init__(linear, int4_kernel(linear.weight, linear.bias, shipped=shipped), INT4_MAX_ROWS, packed)
+        self.shipped = shipped is not None  # served from the checkpoint's own 4-bit codes
 
 
-def quantize_linears_int4(model: nn.Module, packed: bool) -> int:
+def shipped_groups(model: nn.Module, linear: nn.Linear, groups: dict[str, Int4Groups]) -> Int4Groups | None:
+    """The checkpoint's own int4 groups for a layer (every shard of a fused one), if it has them."""
+    if not groups:
+        return None
+    qualname = next(name for name, module in model.named_modules() if module is linear)
+    parent, own = qualname.rsplit(".", 1)
+    shards = FUSED_FROM.get(own, [own])
+    parts = [groups.get(f"{parent}.{shard}.weight") for shard in shards]
+    if any(part is None for part in parts):
+        return None
+    joined = Int4Groups.concat(parts)  # type: ignore[arg-type]
+    return joined if tuple(joined.q.shape) == tuple(linear.weight.shape) else None
+
+
+def quantize_linears_int4(model: nn.Module, packed: bool, groups: dict[str, Int4Groups] | None = None) -> tuple[int, int]:
     """Swap every nn.Linear of a loaded bf16 model (not the output head) whose width fits whole
-    groups for an Int4Linear; returns how many."""
+    groups for an Int4Linear, from the checkpoint's own 4-bit codes where `groups` has them;
+    returns (layers swapped, of which served as shipped)."""
     def make(linear: nn.Linear) -> nn.Linear:
         if not fits_int4(linear.weight):
             return PackedLinear(linear) if packed else linear
-        return Int4Linear(linear, packed)
+        return Int4Linear(linear, packed, shipped_groups(model, linear, groups or {}))
 
-    return swap_linears(model, make)
+    swapped = swap_linears(model, make)
+    return swapped, sum(1 for m in model.modules() if isinstance(m, Int4Linear) and m.shipped)

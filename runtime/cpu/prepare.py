@@ -25,6 +25,7 @@ from runtime.cpu.output_layer import TimedOutputLayer
 from runtime.cpu.packed_linear import pack_linears
 from runtime.cpu.precision import Precision
 from runtime.device import host_available_bytes
+from runtime.gguf_groups import Int4Groups
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +41,11 @@ def check_quantization(name: str | None, device: torch.device, dtype: torch.dtyp
                          "(use --dtype bfloat16, or auto on a CPU with bf16 units)")
 
 
-def prepare(model: nn.Module, precision: Precision, quantization: str | None) -> TimedOutputLayer:
-    """Swap the model's linear layers for the CPU's fastest kinds; returns its output layer."""
+def prepare(model: nn.Module, precision: Precision, quantization: str | None,
+            int4_groups: dict[str, Int4Groups] | None = None) -> TimedOutputLayer:
+    """Swap the model's linear layers for the CPU's fastest kinds; returns its output layer.
+    `int4_groups`: the checkpoint's own 4-bit weights (runtime/gguf_groups.py), served as shipped
+    under int4."""
     weight, dtype = model.output_weight, precision.dtype
     ways: dict[str, Kernel] = {}
     packed = packing_supported(dtype) and copies_fit(model, host_available_bytes())
@@ -49,7 +53,8 @@ def prepare(model: nn.Module, precision: Precision, quantization: str | None) ->
         quantize_linears(model, packed)
         ways["int8"] = int8_kernel(weight, None)
     elif quantization == "int4":  # opt-in: int4 weights for few rows, packed bf16 for more
-        quantize_linears_int4(model, packed)
+        swapped, shipped = quantize_linears_int4(model, packed, int4_groups)
+        logger.info("int4: %d linear layers, %d of them from the checkpoint's own 4-bit codes", swapped, shipped)
         if fits_int4(weight):
             ways["int4"] = int4_kernel(weight, None)
     elif precision.lowp_rows:  # fp32 with bf16 weight copies for few-row products

@@ -18,6 +18,10 @@ STACKED = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
+# Our fused module name -> the Hugging Face projections it holds, in shard order.
+FUSED_FROM: dict[str, list[str]] = {
+    fused: [hf for hf, (f, _) in sorted(STACKED.items(), key=lambda item: item[1][1]) if f == fused]
+    for fused, _ in STACKED.values()}
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 

@@ -1,0 +1,126 @@
+"""A GGUF's 4-bit tensors as int4 groups, kept beside the converted checkpoint.
+
+llama.cpp's Q4_K, Q4_0 and Q4_1 store each run of 32 weights as 4-bit codes q with one scale
+and one offset: w = scale * q + low. That is exactly the layout `--quantization int4` computes
+with (runtime/cpu/int4_linear.py: groups of 32, w = (q - 8) * scale + zero), so such a tensor
+can be served as int4 *as shipped*, with no round trip through bf16 and no second rounding.
+The converter (runtime/gguf_convert.py) writes the codes, scales and lows of every such tensor
+to `int4-groups.st` (a safetensors file) in the model folder, under its Hugging Face name; the int4 loader
+reads them there and quantizes only the tensors the file lacks (other GGUF types: Q5_0, Q6_K,
+Q8_0, ...). Q4_K's super-block header is unpacked by the gguf package's own reader
+(`Q4_K.get_scale_min`); the tests check every decoder against `gguf.quants.dequantize`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import Q4_K
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+# Not "*.safetensors": loaders (ours, vLLM's) take every such file in a folder for the checkpoint.
+INT4_GROUPS_FILE = "int4-groups.st"
+GROUP = 32  # weights per (scale, low) in every format below
+
+
+@dataclass(frozen=True)
+class Int4Groups:
+    """One [N, K] weight as 4-bit codes: w[n, k] = scales[n, k // 32] * q[n, k] + lows[n, k // 32]."""
+
+    q: torch.Tensor  # uint8 [N, K], values 0..15
+    scales: torch.Tensor  # float32 [N, K // 32]
+    lows: torch.Tensor  # float32 [N, K // 32]
+
+    def dequantize(self) -> torch.Tensor:
+        n, k = self.q.shape
+        w = self.q.reshape(n, k // GROUP, GROUP).float() * self.scales[..., None] + self.lows[..., None]
+        return w.reshape(n, k)
+
+    @staticmethod
+    def concat(parts: list[Int4Groups]) -> Int4Groups:
+        """Stacked along the output rows (a fused projection's shards)."""
+        return Int4Groups(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]),
+                          torch.cat([p.lows for p in parts]))
+
+
+def _nibbles(qs: np.ndarray, half: int) -> np.ndarray:
+    """[blocks, chunks * half] bytes -> [blocks, chunks * 2 * half] codes: each chunk's `half`
+    bytes hold its first `half` codes in their low nibbles and the next `half` in the high ones."""
+    blocks = qs.shape[0]
+    codes = qs.reshape(blocks, -1, 1, half) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    return (codes & np.uint8(0x0F)).reshape(blocks, -1)
+
+
+def _f16(column: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(column).view(np.float16).astype(np.float32).reshape(-1)
+
+
+def decode_blocks(kind: GGMLQuantizationType, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(codes [groups, 32], scales [groups], lows [groups]) of a 4-bit format's blocks
+    (uint8 [n_blocks, block_bytes]); None for any other format."""
+    if kind == GGMLQuantizationType.Q4_K:  # 256 weights: d, dmin (f16), 12 bytes of 6-bit scales and mins, 128 of codes
+        d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+        sc, mins = Q4_K.get_scale_min(blocks[:, 4:16])
+        scales = d[:, None] * sc.astype(np.float32)
+        lows = -(dmin[:, None] * mins.astype(np.float32))
+        codes = _nibbles(blocks[:, 16:], 32)
+    elif kind == GGMLQuantizationType.Q4_0:  # 32 weights: d (f16), 16 bytes of codes; w = d * (q - 8)
+        scales = _f16(blocks[:, 0:2])
+        lows = -8 * scales
+        codes = _nibbles(blocks[:, 2:], 16)
+    elif kind == GGMLQuantizationType.Q4_1:  # 32 weights: d, m (f16), 16 bytes of codes; w = d * q + m
+        scales, lows = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+        codes = _nibbles(blocks[:, 4:], 16)
+    else:
+        return None
+    return codes.reshape(-1, GROUP), scales.reshape(-1), lows.reshape(-1)
+
+
+def tensor_groups(kind: GGMLQuantizationType, data: np.ndarray, shape: tuple[int, int]) -> Int4Groups | None:
+    """A GGUF tensor ([N, K], numpy order) as int4 groups, if its format is one of the 4-bit ones."""
+    block_bytes = {GGMLQuantizationType.Q4_K: 144, GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20}.get(kind)
+    if block_bytes is None or len(shape) != 2:
+        return None
+    decoded = decode_blocks(kind, np.asarray(data, dtype=np.uint8).reshape(-1, block_bytes))
+    assert decoded is not None
+    codes, scales, lows = decoded
+    n, k = shape
+    return Int4Groups(torch.from_numpy(codes.reshape(n, k).copy()),
+                      torch.from_numpy(scales.reshape(n, k // GROUP).copy()),
+                      torch.from_numpy(lows.reshape(n, k // GROUP).copy()))
+
+
+def write_int4_groups(reader: GGUFReader, out_dir: Path, hf_name: object) -> int:
+    """Write INT4_GROUPS_FILE for the GGUF's 4-bit tensors (`hf_name(gguf_name)` names them); how many."""
+    tensors: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        shape = tuple(int(d) for d in reversed(tensor.shape))
+        groups = tensor_groups(tensor.tensor_type, tensor.data, shape)  # type: ignore[arg-type]
+        if groups is None:
+            continue
+        name = hf_name(tensor.name)  # type: ignore[operator]
+        # two codes a byte on disk (low nibble first)
+        tensors[f"{name}:q"] = groups.q[:, 0::2] | (groups.q[:, 1::2] << 4)
+        tensors[f"{name}:scales"], tensors[f"{name}:lows"] = groups.scales, groups.lows
+    save_file(tensors, str(out_dir / INT4_GROUPS_FILE), metadata={"format": "radixserve-int4-groups", "group": str(GROUP)})
+    return len(tensors) // 3
+
+
+def read_int4_groups(folder: Path) -> dict[str, Int4Groups]:
+    """Hugging Face weight name -> its int4 groups, from the folder's INT4_GROUPS_FILE (empty if none)."""
+    path = folder / INT4_GROUPS_FILE
+    if not path.is_file():
+        return {}
+    out: dict[str, Int4Groups] = {}
+    with safe_open(str(path), framework="pt") as handle:
+        names = {key.rsplit(":", 1)[0] for key in handle.keys()}
+        for name in names:
+            packed = handle.get_tensor(f"{name}:q")
+            q = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
+            out[name] = Int4Groups(q, handle.get_tensor(f"{name}:scales"), handle.get_tensor(f"{name}:lows"))
+    return out
