@@ -11,7 +11,8 @@ one key is never matched under another.
 With a lower tier (radix/tiers.py: host memory, disk), one tree spans every tier: eviction
 demotes a node (its KV copied down, its slots freed, the node kept, `value` empty, `handle` set)
 and `promote` brings demoted nodes on a prompt's path back into fresh slots before it is
-matched. Every descendant of a demoted node is demoted too, so the device part of the tree is
+matched (a node the prompt shares only part of is split on the tier first, so only the shared
+part comes up). Every descendant of a demoted node is demoted too, so the device part of the tree is
 always a subtree hanging from the roots; "leaf" in the eviction sense means a node with no
 children *on the device*. Without a lower tier the tree behaves exactly as it always did.
 """
@@ -137,8 +138,9 @@ class RadixCache(BasePrefixCache):
 
     def promote(self, token_ids: Sequence[int], extra_key: ExtraKey, alloc: Alloc) -> int:
         """Bring the demoted nodes on `token_ids`' path back into device slots from `alloc`, as
-        far as room allows and the tiers still have them; returns the tokens promoted. Whole
-        nodes are promoted (a node's tail past the prompt is cached KV too)."""
+        far as room allows and the tiers still have them; returns the tokens promoted. A node the
+        prompt shares only the first part of is split on the tier, and only that part comes up
+        (its tail stays demoted)."""
         if self.lower is None:
             return 0
         self._purge()
@@ -153,6 +155,10 @@ class RadixCache(BasePrefixCache):
             n = self._common_len(child.key, key[pos:])
             if n == 0:
                 break
+            if n < len(child):
+                child = self._split_demoted(child, n)
+                if child is None:
+                    break
             slots = alloc(len(child))
             if slots is None:
                 break
@@ -167,8 +173,6 @@ class RadixCache(BasePrefixCache):
             promoted += len(child)
             self.stats.promoted_tokens[tier] = self.stats.promoted_tokens.get(tier, 0) + len(child)
             node, pos = child, pos + n
-            if n < len(child):
-                break
         self.unlock(node)
         return promoted
 
@@ -462,6 +466,27 @@ class RadixCache(BasePrefixCache):
             self._set_handle(child, None)
             self._copy_down(upper)
             self._copy_down(child)
+        return upper
+
+    def _split_demoted(self, child: TreeNode, n: int) -> TreeNode | None:
+        """Cut a demoted `child` after `n` tokens, the tier splitting its copy likewise; the new
+        upper node (demoted too), or None when the tier no longer had the copy (the node is gone)."""
+        assert self.lower is not None and not child.on_device and 0 < n < len(child)
+        parts = self.lower.split(child.handle, n)
+        self._by_handle.pop(child.handle, None)
+        child.handle = None  # the tier let go of the whole's handle either way
+        if parts is None:
+            self._drop_subtree(child)
+            return None
+        parent = child.parent
+        assert parent is not None
+        upper = TreeNode(child.key[:n], _EMPTY, parent, last_access=child.last_access)
+        upper.hit_count, upper.created = child.hit_count, child.created  # node statistics (tree_view)
+        parent.children[self._child_key(child.key, 0)] = upper
+        child.key, child.parent = child.key[n:], upper
+        upper.children[self._child_key(child.key, 0)] = child
+        self._set_handle(upper, parts[0])
+        self._set_handle(child, parts[1])
         return upper
 
     def _all_nodes(self) -> list[TreeNode]:

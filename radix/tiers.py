@@ -4,7 +4,8 @@ The tree keeps one node per cached run of tokens wherever its KV lives. A node o
 holds slot indices (`value`); a node whose KV also, or only, lives lower holds a `handle` from a
 `LowerTier`. Eviction from the pool *demotes* a node (its KV copied down, its slots freed, the
 node kept) instead of dropping it, and a lookup that walks into demoted nodes can *promote*
-them (fresh slots, KV copied back up). The tree only moves handles and slots; what a handle is,
+them (fresh slots, KV copied back up); where a prompt shares only the first part of a demoted
+node, the node is split on the tier (`split`) and only that part is promoted. The tree only moves handles and slots; what a handle is,
 where its bytes live and how much room each tier has is the tier's business
 (runtime/kv/tiers.py implements it over the KV pool).
 
@@ -42,6 +43,10 @@ class LowerTier(Protocol):
 
     def release(self, handle: object) -> None:
         """The tree no longer needs this handle."""
+
+    def split(self, handle: object, n: int) -> tuple[object, object] | None:
+        """Handles for the first `n` tokens of a handle's KV and for the rest, in place of it (the
+        old handle is gone either way); None when the tier no longer has it intact."""
 
     def touch(self, handle: object) -> None:
         """The handle's prefix was just used (the tiers evict least recently used first)."""

@@ -82,7 +82,8 @@ class Engine:
             max_kv_cache_tokens=a.max_kv_cache_tokens,
             cuda_graph_max_bs=None if a.disable_cuda_graph else a.cuda_graph_max_bs, quantization=a.quantization,
             prefix_cache=a.enable_prefix_cache, kv_host_tier_tokens=a.kv_host_tier_tokens or 0,
-            kv_host_tier_gib=a.kv_host_tier_gib, kv_disk_dir=a.kv_disk_dir, kv_disk_gib=a.kv_disk_gib), config)
+            kv_host_tier_gib=a.kv_host_tier_gib, kv_disk_dir=a.kv_disk_dir, kv_disk_gib=a.kv_disk_gib,
+            kv_host_tier_dtype=a.kv_host_tier_dtype), config)
         self.device = self.runner.device
         self.context_len = self.runner.context_len
         self.kv = self.runner.kv  # the KV state's one owner, handed to the scheduler and the loop

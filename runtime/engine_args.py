@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 
 from kernels import check_backend_name
 from runtime.device import check_device_name, resolve_dtype
+from runtime.kv.host_codec import HOST_DTYPES
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 LOAD_FORMATS = ("auto", "dummy")
@@ -50,6 +51,10 @@ class EngineArgs:
         "help": "disk tier of the prefix cache: every cached prefix is also written here and found again "
                 "after a restart (default: off)"})
     kv_disk_gib: float = field(default=4.0, metadata={"help": "bound on the disk tier's files, GiB"})
+    kv_host_tier_dtype: str = field(default="auto", metadata={
+        "help": "how the host tier (and the disk tier's files) hold KV: auto (the KV pool's dtype; outputs "
+                "unchanged), bfloat16, or int8 (per token and head, one float32 scale): 2-4x the tokens per "
+                "GiB, outputs may change slightly"})
     attention_backend: str = field(default="auto", metadata={"help": "auto, torch or triton"})
     cuda_graph_max_bs: int = field(default=256, metadata={
         "help": "capture decode CUDA graphs for batch sizes up to this (CUDA only; capped at --max-running-requests)"})
@@ -80,6 +85,8 @@ class EngineArgs:
                      "kv_host_tier_tokens", "cuda_graph_max_bs", "page_size", "max_running_requests", "chunked_prefill_size", "max_prefill_tokens",
                      "kv_cache_tokens", "context_length", "max_queued_requests", "num_threads", "max_kv_cache_tokens"):
             positive(name)
+        if self.kv_host_tier_dtype not in HOST_DTYPES:
+            raise ValueError(f"kv_host_tier_dtype must be one of {HOST_DTYPES}, got {self.kv_host_tier_dtype!r}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
         for name in ("kv_host_tier_gib", "kv_disk_gib"):

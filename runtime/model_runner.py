@@ -20,6 +20,7 @@ from runtime.gguf_groups import read_int4_groups
 from runtime.step import BatchEntry
 from runtime.graph_runner import DecodeGraphRunner
 from runtime.kv import KVManager, KVPool, KVShape, ReqSlotTable, build_kv, context_length, plan_kv_tokens
+from runtime.kv.host_codec import HostCodec
 from runtime.kv.tiers import TierConfig, kv_digest
 from runtime.layers.output_layer import OutputLayer
 from runtime.models import model_class
@@ -73,6 +74,7 @@ class RunnerConfig:
     kv_host_tier_gib: float | None = None  # the same, in GiB of KV (either one)
     kv_disk_dir: str | None = None  # the prefix cache's disk tier; None: none
     kv_disk_gib: float = 4.0
+    kv_host_tier_dtype: str = "auto"  # how host copies hold KV (runtime/kv/host_codec.py)
 
 
 class ModelRunner:
@@ -109,14 +111,17 @@ class ModelRunner:
                     time.perf_counter() - start, weights / GiB, self.pool.nbytes() / GiB, num_slots)
 
     def _tier_config(self, cfg: RunnerConfig, shape: KVShape) -> TierConfig | None:
+        codec = HostCodec(cfg.kv_host_tier_dtype, self.dtype)
         host = cfg.kv_host_tier_tokens
-        if cfg.kv_host_tier_gib:
-            host = max(host, int(cfg.kv_host_tier_gib * GiB) // shape.bytes_per_token)
+        if cfg.kv_host_tier_gib:  # compact copies: more tokens in the same GiB
+            per_token = codec.bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim)
+            host = max(host, int(cfg.kv_host_tier_gib * GiB) // per_token)
         if not host and not cfg.kv_disk_dir:
             return None
-        digest = kv_digest(cfg.model_path, self.dtype, cfg.page_size, cfg.load_format) if cfg.kv_disk_dir else ""
+        digest = kv_digest(cfg.model_path, self.dtype, cfg.page_size, cfg.load_format,
+                           codec.name) if cfg.kv_disk_dir else ""
         return TierConfig(host_tokens=host, disk_dir=Path(cfg.kv_disk_dir) if cfg.kv_disk_dir else None,
-                          disk_bytes=int(cfg.kv_disk_gib * GiB), digest=digest)
+                          disk_bytes=int(cfg.kv_disk_gib * GiB), digest=digest, host_dtype=cfg.kv_host_tier_dtype)
 
     def _capture(self, max_bs: int) -> DecodeGraphRunner | None:
         try:

@@ -30,8 +30,8 @@ class KVManager:
         self.tiers = tiers  # host and disk copies under the cache (None: the pool alone)
         self.page = allocator.page_size
         # Prefixes retained for a while (runtime/kv/pins.py): at most a quarter of the pool, and
-        # released before a running request is retracted or failed.
-        self.pins = PrefixPins(cache, max_tokens=allocator.num_slots // 4)
+        # released before a running request is retracted or failed; retained on the tiers too.
+        self.pins = PrefixPins(cache, max_tokens=allocator.num_slots // 4, lower=tiers)
 
     # -- sizes -------------------------------------------------------------------------------------
 

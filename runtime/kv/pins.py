@@ -13,6 +13,9 @@ released, lowest priority first and oldest first within a priority, before a req
 retracted or failed. Bounded so they never starve live requests: each expires
 (`ttl_s`); all pins together hold at most `max_tokens` (a quarter of the pool), and a new pin
 pushes out pins of no higher priority to fit, or is refused.
+With host and disk tiers (`lower`), a pin is also a retention there (runtime/kv/tier_retention.py):
+a pin let go early for room, or pushed out, leaves its prefix demoted but evicted last from each
+tier until the pin's own expiry; `unpin` and `release_all` end that too.
 Everything here runs on the engine loop's thread (Engine.pin_prefix / unpin_prefix post to it).
 """
 
@@ -24,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from radix.base import BasePrefixCache
+from runtime.kv.tiers import KVTiers
 
 _order = itertools.count()
 
@@ -43,8 +47,9 @@ class Pin:
 
 
 class PrefixPins:
-    def __init__(self, cache: BasePrefixCache, max_tokens: int) -> None:
+    def __init__(self, cache: BasePrefixCache, max_tokens: int, lower: KVTiers | None = None) -> None:
         self.cache = cache
+        self.lower = lower
         self.max_tokens = max_tokens
         self._pins: dict[str, Pin] = {}
         self.tokens = 0  # summed over pins (shared prefixes count once per pin)
@@ -75,9 +80,18 @@ class PrefixPins:
         self._pins[key] = Pin(match.node, tokens, expires, priority)
         self.tokens += tokens
         self._next_expiry = min(self._next_expiry, expires)
+        if self.lower is not None:
+            self.lower.retain(key, extra_key, list(token_ids)[:tokens], expires, priority)
         return tokens
 
     def unpin(self, key: str) -> None:
+        """End a pin and its retention on the tiers below."""
+        self._unlock(key)
+        if self.lower is not None:
+            self.lower.unretain(key)
+
+    def _unlock(self, key: str) -> None:
+        """Let the pool evict the prefix again (its retention on the tiers below stays until it expires)."""
         pin = self._pins.pop(key, None)
         if pin is not None:
             self.cache.unlock(pin.node)
@@ -117,7 +131,7 @@ class PrefixPins:
                 "released": self.released}
 
     def _drop(self, key: str) -> None:
-        self.unpin(key)
+        self._unlock(key)
         self.released += 1
 
     def __len__(self) -> int:

@@ -1,15 +1,21 @@
 """The tiers under the KV pool: host memory and a disk directory (radix/tiers.py's LowerTier).
 
 - Host tier (`--kv-host-tier-tokens` / `--kv-host-tier-gib`): KV evicted from the pool is copied
-  into host tensors of the pool's dtype (so outputs are the same whichever tier a prefix came
-  from), least recently used dropped first. On a GPU this is RAM beside the GPU's memory; on a
-  CPU it is more RAM than the pool was given.
+  into host tensors, in the pool's dtype by default (so outputs are the same whichever tier a
+  prefix came from) or compact (`--kv-host-tier-dtype bfloat16|int8`, runtime/kv/host_codec.py),
+  least recently used dropped first. On a GPU this is RAM beside the GPU's memory; on a CPU it is
+  more RAM than the pool was given.
 - Disk tier (`--kv-disk-dir`, `--kv-disk-gib`): every node the tree caches is also written, by a
   background thread, to one file under `<dir>/<digest>/`, so a restarted server finds its
   prefixes. `digest` names everything that changes KV (kv_digest): another model, dtype, page
   size or tokenizer reads another folder and never these files. A file is written to a temporary
   name and renamed, and carries the SHA-256 of its payload: a torn, truncated or flipped file is
-  skipped (and deleted) when it is read, so its prefix is recomputed, never served.
+  skipped (and deleted) when it is read, so its prefix is recomputed, never served. The header
+  names the encoding (the host tier's dtype); a file of another encoding is never read.
+- Retention (runtime/kv/tier_retention.py): copies within a retained prefix are evicted last from
+  each tier, within a bounded share of it, until their retention expires.
+- A copy can be split in two (a prompt shares only the first part of a demoted node): each part
+  gets its own copy (and file), the whole's goes.
 The tree decides when KV moves (eviction demotes, a match promotes); this file only keeps copies.
 """
 
@@ -22,6 +28,7 @@ import logging
 import os
 import queue
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -31,7 +38,9 @@ import numpy as np
 import torch
 
 from radix.tiers import StoredKey
+from runtime.kv.host_codec import HostCodec, HostCopy
 from runtime.kv.pool import KVPool
+from runtime.kv.tier_retention import RETAINED_SHARE, TierRetention
 
 logger = logging.getLogger(__name__)
 MAGIC = b"RSKV1\n"
@@ -45,6 +54,7 @@ class TierConfig:
     disk_dir: Path | None = None  # None: no disk tier
     disk_bytes: int = 4 * GiB
     digest: str = ""  # what the KV depends on (kv_digest); names the disk folder
+    host_dtype: str = "auto"  # how host copies (and disk files) hold KV: runtime/kv/host_codec.py
 
     @property
     def enabled(self) -> bool:
@@ -55,7 +65,7 @@ class TierConfig:
 class _Entry:
     key: StoredKey
     tokens: int
-    host: tuple[torch.Tensor, torch.Tensor] | None = None  # K, V: [layers, tokens, heads, dim]
+    host: HostCopy | None = None
     disk: Path | None = None  # the written file
     writing: bool = False
     released: bool = False
@@ -75,6 +85,8 @@ class KVTiers:
         self.pool = pool
         self.config = config
         self.stats = TierStats()
+        self.codec = HostCodec(config.host_dtype, pool.dtype)
+        self.retention = TierRetention()
         self._entries: dict[int, _Entry] = {}
         self._host_lru: OrderedDict[int, None] = OrderedDict()
         self._disk_lru: OrderedDict[int, int] = OrderedDict()  # handle -> file bytes
@@ -98,28 +110,18 @@ class KVTiers:
         keep_host = evicting and self.config.host_tokens >= len(slots)
         if not keep_host and (self.folder is None or self._writes.qsize() > MAX_QUEUED_WRITES):
             return None  # (a writer far behind: this prefix is not persisted, rather than RAM piling up)
-        copy = self._gather(slots)
-        handle = next(self._ids)
+        copy = self.codec.encode(*self._gather(slots))
         with self._lock:
-            entry = _Entry(key, len(slots), host=copy)
-            self._entries[handle] = entry
-            if keep_host:
-                self._host_lru[handle] = None
-                self._host_tokens += entry.tokens
-                self._fit_host()
-            if self.folder is not None:
-                entry.writing = True
-                self._writes.put(handle)
-        return handle
+            return self._add(key, copy, keep_host)
 
     def load(self, handle: object, slots: torch.Tensor) -> str | None:
         with self._lock:
             entry = self._entries.get(handle)  # type: ignore[arg-type]
             host, disk = (entry.host, entry.disk) if entry is not None else (None, None)
-        if host is not None:
+        if host is not None:  # (a copy not in the host tier's LRU is on its way to disk)
             self._scatter(slots, host)
             self.touch(handle)
-            return "host"
+            return "host" if handle in self._host_lru else "disk"
         if disk is None:
             return None
         copy = self._read(disk)
@@ -136,6 +138,42 @@ class KVTiers:
     def release(self, handle: object) -> None:
         with self._lock:
             self._forget(handle)  # type: ignore[arg-type]
+
+    def split(self, handle: object, n: int) -> tuple[object, object] | None:
+        """Two handles for the first `n` tokens of a handle's KV and the rest, in place of it
+        (its file goes, each part is written anew); None when the tier no longer has it intact."""
+        with self._lock:
+            entry = self._entries.get(handle)  # type: ignore[arg-type]
+            if entry is None:
+                return None
+            host, disk, in_host = entry.host, entry.disk, handle in self._host_lru
+        copy = host if host is not None else self._read(disk) if disk is not None else None
+        with self._lock:
+            if copy is None:
+                self.stats.corrupt += disk is not None
+                self._forget(handle)  # type: ignore[arg-type]
+                return None
+            self._forget(handle)  # type: ignore[arg-type]
+            key = entry.key
+            upper = StoredKey(key.extra_key, key.path[: key.start + n], key.start)
+            lower = StoredKey(key.extra_key, key.path, key.start + n)
+            return (self._add(upper, copy.slice(0, n), in_host),
+                    self._add(lower, copy.slice(n, copy.tokens), in_host))
+
+    def retain(self, name: str, extra_key: object, token_ids: object, expires: float, priority: int = 0) -> None:
+        """Keep the copies within this prefix (and those stored later) last on every tier until
+        `expires` (time.monotonic()); `name` replaces an earlier retention of that name."""
+        with self._lock:
+            self.retention.retain(name, extra_key, np.asarray(token_ids, dtype=np.int64), expires, priority,
+                                  ((h, e.key) for h, e in self._entries.items()))
+
+    def unretain(self, name: str) -> None:
+        with self._lock:
+            self.retention.forget(name)
+
+    def is_retained(self, handle: object) -> bool:
+        with self._lock:
+            return self.retention.is_retained(handle)  # type: ignore[arg-type]
 
     def touch(self, handle: object) -> None:
         with self._lock:
@@ -169,6 +207,7 @@ class KVTiers:
                 handle = next(self._ids)
                 tokens = len(key.path) - key.start
                 self._entries[handle] = _Entry(key, tokens, disk=path)
+                self.retention.stored(handle, key)
                 self._disk_lru[handle] = path.stat().st_size
                 self._disk_bytes += path.stat().st_size
                 restored.append((key, handle))
@@ -213,25 +252,43 @@ class KVTiers:
     # -- copies ----------------------------------------------------------------------------------
 
     def _gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of `slots` as [layers, tokens, heads, dim] on the CPU, in the pool's dtype."""
         index = slots.to(self.pool.k[0].device)
         k = torch.stack([layer.index_select(0, index) for layer in self.pool.k])
         v = torch.stack([layer.index_select(0, index) for layer in self.pool.v])
         return k.to("cpu"), v.to("cpu")
 
-    def _scatter(self, slots: torch.Tensor, copy: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def _scatter(self, slots: torch.Tensor, copy: HostCopy) -> None:
         device = self.pool.k[0].device
         index = slots.to(device)
-        k, v = (t.to(device) for t in copy)
+        k, v = (t.to(device) for t in self.codec.decode(copy))
         for layer in range(len(self.pool.k)):
             self.pool.k[layer].index_copy_(0, index, k[layer])
             self.pool.v[layer].index_copy_(0, index, v[layer])
 
     # -- bookkeeping (under the lock) ------------------------------------------------------------
 
+    def _add(self, key: StoredKey, copy: HostCopy, keep_host: bool) -> int:
+        """A new entry holding `copy`: in the host tier's LRU with `keep_host`, queued for the
+        disk where there is one (the copy is kept until written)."""
+        handle = next(self._ids)
+        entry = _Entry(key, copy.tokens, host=copy)
+        self._entries[handle] = entry
+        self.retention.stored(handle, key)
+        if keep_host:
+            self._host_lru[handle] = None
+            self._host_tokens += entry.tokens
+            self._fit_host()
+        if self.folder is not None:
+            entry.writing = True
+            self._writes.put(handle)
+        return handle
+
     def _forget(self, handle: int) -> None:
         entry = self._entries.pop(handle, None)
         if entry is None:
             return
+        self.retention.gone(handle)
         entry.released = True
         if handle in self._host_lru:
             del self._host_lru[handle]
@@ -243,28 +300,46 @@ class KVTiers:
             entry.disk.unlink(missing_ok=True)
 
     def _fit_host(self) -> None:
-        while self._host_tokens > self.config.host_tokens and self._host_lru:
-            handle, _ = self._host_lru.popitem(last=False)
+        """Evict least recently used copies until the host tier fits: unretained ones first, and
+        retained ones only past their share of the tier (tier_retention.py)."""
+        cap = self.config.host_tokens
+        if self._host_tokens <= cap:
+            return
+        keep = self.retention.protected(((h, self._entries[h].tokens) for h in self._host_lru), cap * RETAINED_SHARE)
+        for handle in [h for h in self._host_lru if h not in keep]:
+            if self._host_tokens <= cap:
+                break
+            del self._host_lru[handle]
             entry = self._entries[handle]
             self._host_tokens -= entry.tokens
             if entry.writing:
                 continue  # the writer still needs the copy; it lets go of it once written
             entry.host = None
             if entry.disk is None:
-                self._entries.pop(handle)
-                self._dropped.append(handle)
+                self._drop(handle)
 
     def _fit_disk(self) -> None:
-        while self._disk_bytes > self.config.disk_bytes and self._disk_lru:
-            handle, size = self._disk_lru.popitem(last=False)
-            self._disk_bytes -= size
+        """The same for the disk tier's bytes."""
+        cap = self.config.disk_bytes
+        if self._disk_bytes <= cap:
+            return
+        keep = self.retention.protected(self._disk_lru.items(), cap * RETAINED_SHARE)
+        for handle in [h for h in self._disk_lru if h not in keep]:
+            if self._disk_bytes <= cap:
+                break
+            self._disk_bytes -= self._disk_lru.pop(handle)
             entry = self._entries[handle]
             if entry.disk is not None:
                 entry.disk.unlink(missing_ok=True)
                 entry.disk = None
             if entry.host is None:
-                self._entries.pop(handle)
-                self._dropped.append(handle)
+                self._drop(handle)
+
+    def _drop(self, handle: int) -> None:
+        """The tier lets go of a handle on its own; the tree hears of it through dropped()."""
+        self._entries.pop(handle)
+        self.retention.gone(handle)
+        self._dropped.append(handle)
 
     # -- the disk --------------------------------------------------------------------------------
 
@@ -286,12 +361,12 @@ class KVTiers:
             entry = self._entries.get(handle)
             if entry is None or entry.host is None:
                 return
-            key, (k, v) = entry.key, entry.host
+            key, copy = entry.key, entry.host
         assert self.folder is not None
-        payload = _tensor_bytes(k) + _tensor_bytes(v)
+        payload = b"".join(_tensor_bytes(t) for t in copy.parts())
         header = json.dumps({
             "digest": self.config.digest, "extra_key": key.extra_key, "path": key.path.tolist(),
-            "start": key.start, "dtype": str(k.dtype).removeprefix("torch."), "shape": list(k.shape),
+            "start": key.start, "dtype": self.codec.name, "shape": list(copy.k.shape),
             "sha256": hashlib.sha256(payload).hexdigest()}).encode()
         path = self.folder / f"{uuid.uuid4().hex}.kv"
         tmp = path.with_suffix(".tmp")
@@ -315,15 +390,16 @@ class KVTiers:
 
     def _read_key(self, path: Path) -> StoredKey | None:
         header = _read_header(path)
-        if header is None or header.get("digest") != self.config.digest:
-            return None
+        if header is None or header.get("digest") != self.config.digest or header.get("dtype") != self.codec.name:
+            return None  # (another encoding: written with another --kv-host-tier-dtype)
         try:
             return StoredKey(header["extra_key"], np.asarray(header["path"], dtype=np.int64), int(header["start"]))
         except (KeyError, TypeError, ValueError):
             return None
 
-    def _read(self, path: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The file's K and V if it is whole and its checksum holds; None otherwise (and it goes).
+    def _read(self, path: Path) -> HostCopy | None:
+        """The file's KV if it is whole, of this tier's encoding and its checksum holds; None
+        otherwise (and it goes).
         Read once into one buffer, checked and viewed in place: no copies of the KV on the way."""
         try:
             data = bytearray(path.stat().st_size)
@@ -338,21 +414,23 @@ class KVTiers:
             path.unlink(missing_ok=True)
             return None
         start = len(MAGIC) + 8 + int.from_bytes(view[len(MAGIC) : len(MAGIC) + 8], "little")
-        dtype = getattr(torch, header.get("dtype", ""), None)
-        if hashlib.sha256(view[start:]).hexdigest() != header.get("sha256") or not isinstance(dtype, torch.dtype) \
-                or dtype != self.pool.dtype:
-            logger.warning("KV disk tier: %s is corrupt or torn; its prefix will be recomputed", path.name)
-            path.unlink(missing_ok=True)
-            return None
-        shape = tuple(header["shape"])
-        half = (len(data) - start) // 2
         try:
-            k = torch.frombuffer(data, dtype=torch.uint8, count=half, offset=start).view(dtype).reshape(shape)
-            v = torch.frombuffer(data, dtype=torch.uint8, count=half, offset=start + half).view(dtype).reshape(shape)
-        except (RuntimeError, ValueError):
+            layout = self.codec.layout(tuple(int(d) for d in header["shape"]))
+        except (KeyError, TypeError, ValueError):
+            layout = []
+        sizes = [int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size() for dtype, shape in layout]
+        if header.get("dtype") != self.codec.name or not layout or sum(sizes) != len(data) - start \
+                or hashlib.sha256(view[start:]).hexdigest() != header.get("sha256"):
+            logger.warning("KV disk tier: %s is corrupt, torn or of another encoding; its prefix will be recomputed",
+                           path.name)
             path.unlink(missing_ok=True)
             return None
-        return k, v
+        parts = []
+        for (dtype, shape), size in zip(layout, sizes):
+            # viewed in place (the buffer is ours alone): no copy of the KV on the way
+            parts.append(torch.frombuffer(data, dtype=torch.uint8, count=size, offset=start).view(dtype).reshape(shape))
+            start += size
+        return HostCopy(*parts)
 
 
 def _tensor_bytes(t: torch.Tensor) -> bytes:
@@ -381,12 +459,16 @@ def _read_header(path: Path, data: bytes | memoryview | None = None) -> dict | N
         return None
 
 
-def kv_digest(model_path: Path, dtype: torch.dtype, page_size: int, load_format: str) -> str:
+def kv_digest(model_path: Path, dtype: torch.dtype, page_size: int, load_format: str,
+              encoding: str | None = None) -> str:
     """A name for everything the KV of a prefix depends on: the weights (sampled: the safetensors
     headers and sizes plus 64 KiB at 16 places in each file), the config (rotary settings, sizes),
-    the tokenizer files, the KV dtype and the page size. Random (dummy) weights get a random name:
-    their KV must never be found again."""
+    the tokenizer files, the KV dtype, the page size, and how files hold it (`encoding`, the host
+    tier's dtype, when it is not the KV dtype). Random (dummy) weights get a random name: their KV
+    must never be found again."""
     h = hashlib.sha256(f"radixserve-kv-v1|{dtype}|{page_size}".encode())
+    if encoding is not None and encoding != str(dtype).removeprefix("torch."):
+        h.update(f"|encoding={encoding}".encode())
     if load_format == "dummy":
         h.update(os.urandom(16))
     for path in sorted(Path(model_path).iterdir()):

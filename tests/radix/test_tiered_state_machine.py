@@ -1,5 +1,6 @@
 """Hypothesis state machine: a RadixCache with a lower tier (radix/tiers.py) under random
-requests, evictions (demotions), promotions, tier losses, corrupt copies and restarts.
+requests, evictions (demotions), promotions (of whole demoted nodes and of the shared part of one
+a prompt leaves early: split on the tier), tier losses, corrupt copies and restarts.
 
 The lower tier here is a fake that copies the *tags* of slots: every slot carries the exact
 (namespace, prefix) whose last token's KV it holds, so a tier that hands back the wrong copy,
@@ -65,6 +66,17 @@ class FakeTier:
     def release(self, handle: object) -> None:
         if self.copies.pop(handle, None) is not None:
             self.order.remove(handle)
+
+    def split(self, handle: object, n: int) -> tuple[object, object] | None:
+        if handle not in self.copies or handle in self.corrupt:
+            return None
+        key, tags = self.copies.pop(handle)
+        at = self.order.index(handle)
+        upper, lower = next(self._ids), next(self._ids)
+        self.copies[upper] = (StoredKey(key.extra_key, key.path[: key.start + n], key.start), tags[:n])
+        self.copies[lower] = (StoredKey(key.extra_key, key.path, key.start + n), tags[n:])
+        self.order[at : at + 1] = [upper, lower]
+        return upper, lower
 
     def touch(self, handle: object) -> None:
         if handle in self.copies:
@@ -145,6 +157,30 @@ class TieredCacheMachine(RuleBasedStateMachine):
     def finish_one(self, data: st.DataObject) -> None:
         self._finish(self.running.pop(data.draw(st.integers(0, len(self.running) - 1))))
 
+    @precondition(lambda self: any(not n.on_device for n in self.cache._all_nodes()))
+    @rule(data=st.data(), tail=st.lists(st.integers(0, 3), max_size=3), finish=st.booleans())
+    def request_part_of_a_demoted_node(self, data: st.DataObject, tail: list[int], finish: bool) -> None:
+        """A prompt that walks into a demoted node and leaves it early (or ends inside it): only the
+        shared part is promoted, the rest stays demoted, and every promoted slot holds its token."""
+        demoted = sorted((n for n in self.cache._all_nodes() if not n.on_device), key=lambda n: n.uid)
+        node = data.draw(st.sampled_from(demoted))
+        stored = self.cache._stored_key(node)
+        pages = (len(node) - 1) // self.page
+        if pages == 0:
+            return  # a one-page node has no part to share
+        cut = stored.start + self.page * data.draw(st.integers(1, pages))
+        prompt = stored.path[:cut].tolist() + tail
+        before = len(self.cache.match_prefix(prompt, stored.extra_key).indices)
+        promoted = self.cache.promote(prompt, stored.extra_key, self._alloc)
+        match = self.cache.match_prefix(prompt, stored.extra_key)
+        assert len(match.indices) == before + promoted  # promoted tokens count as cached, no more
+        whole = self.cache.match_prefix(stored.path.tolist(), stored.extra_key)
+        if not tail or tail[0] != stored.path[cut]:  # the prompt left the node at `cut`
+            assert len(whole.indices) <= max(cut, before)  # its tail was not brought up
+        for pos, slot in enumerate(match.indices.tolist()):
+            assert self.content[slot] == (stored.extra_key, tuple(prompt[: pos + 1]))
+        self.request(prompt, stored.extra_key, finish, promote=False)
+
     @rule(n=st.integers(1, 40))
     def evict(self, n: int) -> None:
         before = self.alloc.available()
@@ -223,7 +259,12 @@ def test_a_demoted_prefix_is_promoted_and_matched_again() -> None:
     def take(n: int) -> torch.Tensor | None:
         return alloc.alloc(n)
 
-    assert cache.promote(list(range(4)), None, take) == 6  # the whole node comes back
+    assert cache.promote(list(range(4)) + [9], None, take) == 4  # the shared part comes back, split off
     match = cache.match_prefix(list(range(4)))
     assert [content[s] for s in match.indices.tolist()] == [(None, tuple(range(i + 1))) for i in range(4)]
-    assert cache.stats.promoted_tokens == {"fake": 6} and cache.lower_size() == 0
+    assert cache.stats.promoted_tokens == {"fake": 4} and cache.lower_size() == 2
+    assert alloc.available() == 4 and len(tier.copies) == 2  # the tail's copy stays, as its own
+    assert cache.promote(list(range(6)), None, take) == 2  # and comes up when a prompt walks on
+    assert [content[s] for s in cache.match_prefix(list(range(6))).indices.tolist()] == \
+        [(None, tuple(range(i + 1))) for i in range(6)]
+    assert cache.lower_size() == 0
