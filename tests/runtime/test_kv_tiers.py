@@ -107,9 +107,45 @@ def test_another_dtype_or_cache_salt_never_reads_the_files(folder: Path, tmp_pat
     assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 2  # one folder per digest
 
 
+def test_a_prompt_sharing_part_of_a_demoted_document_is_served_that_part(folder: Path) -> None:
+    prompts = docs()
+    partial = prompts[0][:40] + list(range(200, 215))  # leaves the first document after 40 tokens
+    with Engine(model=str(folder), dtype="float32", kv_cache_tokens=2048) as big:
+        (want,) = big.generate(input_ids=[partial], sampling_params=GREEDY)
+    with small_engine(folder, kv_host_tier_tokens=1024) as tiered:
+        ask_in_turn(tiered, prompts, rounds=1)  # the first document is demoted to the host tier
+        promoted = tiered.stats()["tier_promoted_host_tokens_total"]
+        (got,) = tiered.generate(input_ids=[partial], sampling_params=GREEDY)
+        stats = tiered.stats()
+        assert_slots_balanced(tiered)
+    assert got.token_ids == want.token_ids and got.cached_tokens == 40
+    assert stats["tier_promoted_host_tokens_total"] - promoted == 40  # only the shared part came up
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_compact_host_copies_hold_more_tokens_per_gib_and_are_served(folder: Path, dtype: str) -> None:
+    prompts = docs()
+    with small_engine(folder, kv_host_tier_gib=0.001) as plain:
+        assert plain.kv.tiers is not None
+        same_dtype = plain.kv.tiers.config.host_tokens
+    with small_engine(folder, kv_host_tier_gib=0.001, kv_host_tier_dtype=dtype) as compact:
+        assert compact.kv.tiers is not None
+        tokens = compact.kv.tiers.config.host_tokens
+        got = ask_in_turn(compact, prompts)
+        assert_slots_balanced(compact)
+    # llama tiny: 3 layers, 2 KV heads of 16: fp32 64 bytes a head, bf16 32, int8 16 + a 4-byte scale
+    per_head = {"bfloat16": 32, "int8": 20}[dtype]
+    assert same_dtype == 2**30 // 1000 // (2 * 3 * 2 * 64) and tokens == 2**30 // 1000 // (2 * 3 * 2 * per_head)
+    assert tokens >= same_dtype * 64 // per_head - 1  # 2x and 3.2x the tokens in the same GiB
+    assert all(cached >= 69 for _, cached in got[3:])  # served from the compact copies
+    assert all(len(ids) == GREEDY["max_new_tokens"] for ids, _ in got)
+
+
 def test_tier_flags_are_validated() -> None:
     from runtime import EngineArgs
 
+    with pytest.raises(ValueError, match="kv_host_tier_dtype"):
+        EngineArgs(kv_host_tier_dtype="fp8").validate()
     for bad in ({"kv_host_tier_tokens": 0}, {"kv_host_tier_gib": -1.0}, {"kv_disk_gib": 0.0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             EngineArgs(**bad).validate()  # type: ignore[arg-type]
