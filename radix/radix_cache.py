@@ -176,6 +176,23 @@ class RadixCache(BasePrefixCache):
         self.unlock(node)
         return promoted
 
+    def demoted_on_path(self, token_ids: Sequence[int], extra_key: ExtraKey = None) -> list[object]:
+        """The lower-tier handles of the demoted nodes `promote` would bring up for this prompt
+        (read only: nothing is split or touched), so a tier can start loading them early."""
+        if self.lower is None:
+            return []
+        key = self._as_key(token_ids)
+        node, pos, handles = self._roots.get(extra_key), 0, []
+        while node is not None and pos < len(key):
+            child = node.children.get(self._child_key(key, pos))
+            n = self._common_len(child.key, key[pos:]) if child is not None else 0
+            if child is None or n == 0:
+                break
+            if not child.on_device and child.handle is not None:
+                handles.append(child.handle)
+            node, pos = (child, pos + n) if n == len(child) else (None, pos)
+        return handles
+
     # -- updates ---------------------------------------------------------------------------------
 
     def insert(self, token_ids: Sequence[int], indices: torch.Tensor, extra_key: ExtraKey = None) -> int:

@@ -284,6 +284,7 @@ class EngineLoop:
                 "tier_dropped_tokens_total": tree.dropped_tokens,
                 "tier_disk_writes_total": tiers.stats.writes,
                 "tier_disk_corrupt_total": tiers.stats.corrupt,
+                "tier_disk_prefetched_total": tiers.stats.prefetched,
             })
         with self._stats_lock:
             self._stats = stats

@@ -54,6 +54,7 @@ class Scheduler:
 
     def add(self, req: Req) -> None:
         self.waiting.append(req)
+        self.kv.prefetch(req)  # what of its prefix is only on disk is read while it waits
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

@@ -50,6 +50,12 @@ class KVManager:
             return 0
         return self.cache.promote(req.all_ids[: req.max_prefix_match()], req.extra_key, self.alloc)
 
+    def prefetch(self, req: Req) -> None:
+        """A request was queued: start reading, in the background, what of its prefix is only on
+        disk, so that promoting it at admission finds it in memory."""
+        if self.tiers is not None and self.tiers.folder is not None:
+            self.tiers.prefetch(self.cache.demoted_on_path(req.all_ids[: req.max_prefix_match()], req.extra_key))
+
     def close(self) -> None:
         """Finish the disk tier's writes (the engine is shutting down)."""
         if self.tiers is not None:

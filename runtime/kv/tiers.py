@@ -14,6 +14,10 @@
   names the encoding (the host tier's dtype); a file of another encoding is never read.
 - Retention (runtime/kv/tier_retention.py): copies within a retained prefix are evicted last from
   each tier, within a bounded share of it, until their retention expires.
+- Prefetch: a queued request's prefix that is only on disk is read by a background thread
+  (`prefetch`), so that promoting it at admission copies from memory; a load waits for a read
+  already under way instead of reading twice. Prefetched copies are held (at most a pool's worth
+  of tokens) until loaded, then let go: the file stays.
 - A copy can be split in two (a prompt shares only the first part of a demoted node): each part
   gets its own copy (and file), the whole's goes.
 The tree decides when KV moves (eviction demotes, a match promotes); this file only keeps copies.
@@ -69,6 +73,7 @@ class _Entry:
     disk: Path | None = None  # the written file
     writing: bool = False
     released: bool = False
+    prefetch: threading.Event | None = None  # set when a background read of its file is done
 
 
 @dataclass
@@ -78,6 +83,7 @@ class TierStats:
     reads: int = 0
     corrupt: int = 0
     restored: int = 0
+    prefetched: int = 0  # files read ahead of a load by the prefetch thread
 
 
 class KVTiers:
@@ -93,6 +99,9 @@ class KVTiers:
         self._host_tokens = 0
         self._disk_bytes = 0
         self._dropped: list[int] = []
+        self._prefetched: OrderedDict[int, int] = OrderedDict()  # handle -> tokens, read ahead from disk
+        self._prefetches: queue.Queue[tuple[int, _Entry] | None] = queue.Queue()
+        self._reader: threading.Thread | None = None
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self.folder: Path | None = None
@@ -117,7 +126,14 @@ class KVTiers:
     def load(self, handle: object, slots: torch.Tensor) -> str | None:
         with self._lock:
             entry = self._entries.get(handle)  # type: ignore[arg-type]
+            pending = entry.prefetch if entry is not None else None
+        if pending is not None:
+            pending.wait(60)  # a read of this file is under way: use it rather than read again
+        with self._lock:
+            entry = self._entries.get(handle)  # type: ignore[arg-type]
             host, disk = (entry.host, entry.disk) if entry is not None else (None, None)
+            if self._prefetched.pop(handle, None) is not None:  # type: ignore[call-overload]
+                entry.host = None  # type: ignore[union-attr]  (read ahead for this load; the file stays)
         if host is not None:  # (a copy not in the host tier's LRU is on its way to disk)
             self._scatter(slots, host)
             self.touch(handle)
@@ -138,6 +154,25 @@ class KVTiers:
     def release(self, handle: object) -> None:
         with self._lock:
             self._forget(handle)  # type: ignore[arg-type]
+
+    def prefetch(self, handles: list[object]) -> int:
+        """Start reading, in the background, the files of those handles that are only on disk;
+        how many reads were queued."""
+        if self.folder is None:
+            return 0
+        queued = 0
+        with self._lock:
+            for handle in handles:
+                entry = self._entries.get(handle)  # type: ignore[arg-type]
+                if entry is None or entry.host is not None or entry.disk is None or entry.prefetch is not None:
+                    continue
+                entry.prefetch = threading.Event()
+                self._prefetches.put((handle, entry))  # type: ignore[arg-type]
+                queued += 1
+            if queued and self._reader is None:
+                self._reader = threading.Thread(target=self._prefetch_loop, name="radixserve-kv-prefetch", daemon=True)
+                self._reader.start()
+        return queued
 
     def split(self, handle: object, n: int) -> tuple[object, object] | None:
         """Two handles for the first `n` tokens of a handle's KV and the rest, in place of it
@@ -248,6 +283,9 @@ class KVTiers:
         if self._writer is not None and self._writer.is_alive():
             self._writes.put(None)
             self._writer.join(timeout=60)
+        if self._reader is not None and self._reader.is_alive():
+            self._prefetches.put(None)
+            self._reader.join(timeout=60)
 
     # -- copies ----------------------------------------------------------------------------------
 
@@ -289,6 +327,7 @@ class KVTiers:
         if entry is None:
             return
         self.retention.gone(handle)
+        self._prefetched.pop(handle, None)
         entry.released = True
         if handle in self._host_lru:
             del self._host_lru[handle]
@@ -329,6 +368,8 @@ class KVTiers:
                 break
             self._disk_bytes -= self._disk_lru.pop(handle)
             entry = self._entries[handle]
+            if self._prefetched.pop(handle, None) is not None:
+                entry.host = None
             if entry.disk is not None:
                 entry.disk.unlink(missing_ok=True)
                 entry.disk = None
@@ -342,6 +383,31 @@ class KVTiers:
         self._dropped.append(handle)
 
     # -- the disk --------------------------------------------------------------------------------
+
+    def _prefetch_loop(self) -> None:
+        while True:
+            item = self._prefetches.get()
+            if item is None:
+                return
+            handle, entry = item
+            with self._lock:
+                path = None if entry.released else entry.disk
+            try:  # (a damaged file goes here as on a load; the load then finds it gone)
+                copy = self._read(path) if path is not None else None
+            except Exception:  # noqa: BLE001 - a failed read ahead only costs the load its own read
+                logger.exception("KV disk tier: a prefetch failed")
+                copy = None
+            with self._lock:
+                if copy is not None and not entry.released and entry.host is None and entry.disk is not None:
+                    entry.host = copy
+                    self._prefetched[handle] = entry.tokens
+                    self.stats.prefetched += 1
+                    while sum(self._prefetched.values()) > self.pool.num_slots:  # at most a pool's worth
+                        oldest, _ = self._prefetched.popitem(last=False)
+                        self._entries[oldest].host = None
+                event, entry.prefetch = entry.prefetch, None
+            if event is not None:
+                event.set()
 
     def _write_loop(self) -> None:
         while True:

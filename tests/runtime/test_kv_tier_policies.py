@@ -191,3 +191,20 @@ def test_int8_files_are_read_back_and_another_encoding_refuses_them(tmp_path: Pa
     assert other.cache.lower_size() == 0 and not docs.served(other, ids)
     assert other.tiers is not None and other.tiers.stats.corrupt == 1
     other.close()
+
+
+def test_a_queued_prefix_on_disk_is_read_ahead_and_promoted_from_memory(tmp_path: Path) -> None:
+    config = TierConfig(disk_dir=tmp_path, digest="d")
+    kv, docs = make_kv(config), Docs()
+    ids = docs.compute(kv, 0)
+    kv.close()  # (the writes finish first)
+    again = make_kv(config)
+    assert again.tiers is not None
+    handles = again.cache.demoted_on_path(ids + [1, 2])
+    assert len(handles) == 1 and again.cache.demoted_on_path([1, 2]) == []
+    assert again.tiers.prefetch(handles) == 1
+    assert again.tiers.prefetch(handles) == 0  # under way or done: not queued twice
+    assert docs.served(again, ids)  # the load waits for the read under way rather than reading again
+    assert again.tiers.stats.prefetched == 1 and again.tiers.stats.reads == 0
+    assert again.cache.stats.promoted_tokens == {"disk": DOC}
+    again.close()

@@ -72,6 +72,21 @@ def test_a_restarted_engine_finds_its_prefixes_on_disk(folder: Path, tmp_path: P
     assert stats["tier_promoted_disk_tokens_total"] >= len(doc) - 1
 
 
+def test_queued_requests_read_their_prefix_from_disk_ahead(folder: Path, tmp_path: Path) -> None:
+    (doc,) = docs(1)
+    prompts = [doc + [5, 6], doc + [7, 8, 9]]
+    with small_engine(folder, kv_disk_dir=str(tmp_path)) as first:
+        (cold,) = first.generate(input_ids=[doc], sampling_params=GREEDY)
+        want = [o.token_ids for o in first.generate(input_ids=prompts, sampling_params=GREEDY)]
+    with Engine(model=str(folder), dtype="float32", kv_cache_tokens=96, max_running_requests=1,
+                kv_disk_dir=str(tmp_path)) as second:
+        got = second.generate(input_ids=prompts, sampling_params=GREEDY)
+        stats = second.stats()
+        assert_slots_balanced(second)
+    assert [o.token_ids for o in got] == want and got[0].cached_tokens >= len(doc) - 1
+    assert stats["tier_disk_prefetched_total"] >= 1 and stats["tier_promoted_disk_tokens_total"] >= len(doc) - 1
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "torn"])
 def test_a_damaged_file_is_recomputed_never_served(folder: Path, tmp_path: Path, damage: str) -> None:
     (doc,) = docs(1)
