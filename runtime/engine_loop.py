@@ -73,7 +73,8 @@ class EngineLoop:
         self.scheduler = scheduler
         self.kv = kv  # the KV state's one owner (runtime/kv/)
         self._grammar_mask = grammar_mask or (lambda logits, matchers: None)
-        self.sampling = StepSampler(Sampler(set(tokenizer.eos_token_ids)), self._timed_mask)
+        self.sampling = StepSampler(Sampler(set(tokenizer.eos_token_ids)), self._timed_mask,
+                                    kv.last_logits if kv.cache.shares else None)
         self.output = OutputProcessor(scheduler, kv, set(tokenizer.eos_token_ids), context_len)
         self.requests = self.output.requests
         self.inbox: queue.Queue[Command | None] = queue.Queue()
@@ -168,7 +169,9 @@ class EngineLoop:
         """Forward and sample one step; its tokens stay on the device (and start their way home)."""
         previous = self._inflight
         with self._timed("launch"), self.timings.device_work() if self.timings else nullcontext():
-            logits, layout = self.runner.run(plan.entries, previous.sampled_ids if previous else None)
+            # (a step of ready requests only, whose prompts were all cached with their logits, has no forward)
+            logits, layout = (self.runner.run(plan.entries, previous.sampled_ids if previous else None)
+                              if plan.entries else (None, None))
             if previous is not None and any(_needs_host_state(r) for r in plan.reqs):
                 self._complete_inflight()  # a grammar or penalty must see the previous token first
             outputs = self.sampling.sample(plan, layout, logits)
@@ -212,6 +215,16 @@ class EngineLoop:
             except Exception as exc:  # noqa: BLE001 - this request is the faulty one
                 logger.error("request %s failed: %r", req.rid, exc)
                 self.output.finish(req, "abort", error=f"internal error: {exc!r}")
+        for req, row in plan.ready:
+            if req.state is not ReqState.RUNNING:
+                continue
+            alone = StepPlan()
+            alone.add_ready(req, row)
+            try:
+                self._complete(self._launch(alone))
+            except Exception as exc:  # noqa: BLE001 - this request is the faulty one
+                logger.error("request %s failed: %r", req.rid, exc)
+                self.output.finish(req, "abort", error=f"internal error: {exc!r}")
 
     def _unblock(self) -> None:
         """Nothing could be scheduled. With nothing running, the head of the queue can never fit."""
@@ -240,6 +253,7 @@ class EngineLoop:
     def flush_cache(self) -> bool:
         """Drop every cached prefix nobody is using (pins included); a full reset when nothing runs."""
         self.kv.pins.release_all()
+        self.kv.last_logits.clear()
         if self.scheduler.has_work():
             self.kv.cache.evict(self.kv.allocator.num_slots)
             return False
@@ -266,6 +280,7 @@ class EngineLoop:
             "slots_in_use": in_use,
             "slots_total": allocator.num_slots,
             "retractions_total": counters.retractions,
+            "prompts_without_forward_total": self.kv.last_logits.hits,  # exact re-sends (kv/last_logits.py)
             "steps_total": self.steps,
         }
         if sched.speculative is not None:  # prompt-lookup speculative decoding (runtime/speculative.py)

@@ -15,6 +15,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
+from radix import MatchResult
 from runtime.engine_args import EngineArgs
 from runtime.kv import KVManager
 from runtime.output import Logprobs
@@ -165,7 +168,7 @@ class Scheduler:
             # Match again: admitting earlier candidates may have evicted what we matched before;
             # first bring back what of its prefix was demoted to the host or disk tier.
             self.kv.promote(req)
-            match = self.kv.cache.match_prefix(req.all_ids[: req.max_prefix_match()], req.extra_key)
+            match, ready = self._match(req)
             self.kv.cache.lock(match.node)
             prefix = len(match.indices)
             chunk = min(req.seq_len - prefix, self.args.chunked_prefill_size, budget)
@@ -187,9 +190,25 @@ class Scheduler:
                 req.cached_tokens = prefix
                 self.counters.prompt_tokens += len(req.prompt_ids)
                 self.counters.cached_tokens += prefix
-            self._plan_prefill(plan, req, chunk)
-            budget -= chunk
+            if ready is not None:  # the whole prompt and its last logits were kept: no forward
+                plan.add_ready(req, ready)
+                self.kv.last_logits.hits += 1
+            else:
+                self._plan_prefill(plan, req, chunk)
+                budget -= chunk
             admitted += 1
+
+    def _match(self, req: Req) -> tuple[MatchResult, torch.Tensor | None]:
+        """The cached prefix a request may use, and the logits at its last prompt position where
+        its whole prompt is cached and they were kept (an exact re-send: runtime/kv/last_logits.py)."""
+        limit = req.max_prefix_match()
+        first = req.cached_tokens < 0 and not req.output_ids and req.params.max_new_tokens > 0
+        ready = self.kv.last_logits.get(req.prompt_ids, req.extra_key) if first and limit == req.seq_len - 1 else None
+        if ready is not None:
+            match = self.kv.cache.match_prefix(req.all_ids, req.extra_key)
+            if len(match.indices) == req.seq_len:
+                return match, ready
+        return self.kv.cache.match_prefix(req.all_ids[:limit], req.extra_key), None
 
     def _plan_prefill(self, plan: StepPlan, req: Req, chunk: int) -> None:
         logits_from = None

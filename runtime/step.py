@@ -87,6 +87,9 @@ class StepPlan:
 
     _extends: list[tuple[Req, BatchEntry]] = field(default_factory=list)
     _decodes: list[tuple[Req, BatchEntry]] = field(default_factory=list)
+    # Requests whose whole prompt was cached with its last position's logits (runtime/kv/last_logits.py):
+    # their first token is sampled from the kept row, with no entry in the forward.
+    ready: list[tuple[Req, torch.Tensor]] = field(default_factory=list)
 
     def add(self, req: Req, num_tokens: int, logits_from: int | None = None) -> None:
         assert req.row is not None
@@ -103,12 +106,17 @@ class StepPlan:
         assert req.row is not None and not req.inflight and req.kv_len == req.seq_len - 1
         self._put(req, BatchEntry(req.row, req.kv_len, [req.token_at(req.kv_len), *draft], 0, draft=len(draft)))
 
+    def add_ready(self, req: Req, logits: torch.Tensor) -> None:
+        assert req.row is not None and req.kv_len == req.seq_len
+        self.ready.append((req, logits))
+
     def _put(self, req: Req, entry: BatchEntry) -> None:
         (self._extends if len(entry.token_ids) > 1 else self._decodes).append((req, entry))
 
     def drop(self, req: Req) -> None:
         self._extends = [(r, e) for r, e in self._extends if r is not req]
         self._decodes = [(r, e) for r, e in self._decodes if r is not req]
+        self.ready = [(r, row) for r, row in self.ready if r is not req]
 
     @classmethod
     def of(cls, req: Req, entry: BatchEntry) -> StepPlan:
@@ -125,10 +133,10 @@ class StepPlan:
         return [e for _, e in self._extends + self._decodes]
 
     def __contains__(self, req: Req) -> bool:
-        return any(r is req for r, _ in self._extends + self._decodes)
+        return any(r is req for r, _ in self._extends + self._decodes + self.ready)
 
     def __bool__(self) -> bool:
-        return bool(self._extends or self._decodes)
+        return bool(self._extends or self._decodes or self.ready)
 
 
 @dataclass
@@ -138,7 +146,7 @@ class StepOutputs:
 
     prompt_logprobs: list[tuple[Req, list, list]] = field(default_factory=list)  # (req, values, tops)
     sampled_reqs: list[Req] = field(default_factory=list)  # requests that reached their last prompt token
-    generating: list[Req] = field(default_factory=list)  # of those, the ones that sample a token
+    generating: list[Req] = field(default_factory=list)  # of those, the ones that sample a token (ready ones last)
     drafts: list[tuple[Req, list[int]]] = field(default_factory=list)  # decodes verifying drafts
     # Rows of `result`: one per generating request, then 1 + len(draft) per drafting one.
     result: PendingSample | None = None

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from runtime.forward_batch import HostBatch
+from runtime.kv.last_logits import LastLogits
 from runtime.request import Req, ReqState
 from runtime.sampler import Sampler, SampleRow, device_ids, prompt_logprobs
 from runtime.step import StepOutputs, StepPlan
@@ -22,16 +23,19 @@ GrammarMask = Callable[[torch.Tensor, list], None]  # (logits rows, matchers) ->
 
 
 class StepSampler:
-    def __init__(self, sampler: Sampler, grammar_mask: GrammarMask) -> None:
+    def __init__(self, sampler: Sampler, grammar_mask: GrammarMask, last_logits: LastLogits | None = None) -> None:
         self.sampler = sampler
         self.grammar_mask = grammar_mask
+        self.last_logits = last_logits  # where a finished prompt's last logits are kept (None: nowhere)
 
-    def sample(self, plan: StepPlan, layout: HostBatch, logits: torch.Tensor) -> StepOutputs:
-        """Prompt logprobs and next tokens for a step's logits, laid out as `layout` says."""
+    def sample(self, plan: StepPlan, layout: HostBatch | None, logits: torch.Tensor | None) -> StepOutputs:
+        """Prompt logprobs and next tokens for a step's logits, laid out as `layout` says (None:
+        the step had no forward, only ready requests)."""
         out = StepOutputs()
         rows: list[int] = []
         draft_rows: list[int] = []
-        for req, entry, start, count in zip(plan.reqs, plan.entries, layout.logit_starts, layout.logit_counts):
+        spans = zip(layout.logit_starts, layout.logit_counts) if layout is not None else ()
+        for (req, entry), (start, count) in zip(zip(plan.reqs, plan.entries), spans):
             if req.state is ReqState.FINISHED:
                 continue  # finished by the previous step's tokens, read while this step was launched
             if entry.draft:  # a decode verifying a draft: the model's choice at every position
@@ -46,11 +50,15 @@ class StepSampler:
                 if req.params.max_new_tokens > 0:
                     out.generating.append(req)
                     rows.append(start + count - 1)
-        if rows or draft_rows:
-            rows += draft_rows  # greedy choices at every drafted position (runtime/speculative.py)
-            # A plain decode step samples every row in order: no need to copy the logits.
-            picked = logits if rows == list(range(logits.shape[0])) else logits.index_select(
-                0, device_ids(rows, logits.device))
+                    if self.last_logits is not None and req.planned_len == len(req.prompt_ids):
+                        self.last_logits.put(req.prompt_ids, req.extra_key, logits[start + count - 1])
+        ready = [(req, row) for req, row in plan.ready if req.state is not ReqState.FINISHED]
+        for req, _ in ready:
+            out.sampled_reqs.append(req)
+            out.generating.append(req)
+        if rows or draft_rows or ready:
+            assert logits is not None or not (rows or draft_rows)
+            picked = self._rows(logits, rows, [row for _, row in ready], draft_rows)
             matchers = [r.grammar for r in out.generating]
             if any(m is not None for m in matchers):
                 self.grammar_mask(picked[: len(out.generating)], matchers)
@@ -60,6 +68,22 @@ class StepSampler:
                 sample_rows += [SampleRow(req.params, req.prompt_ids, req.output_ids, req.seed)] * (len(draft) + 1)
             out.result = self.sampler.sample_async(picked, sample_rows)
         return out
+
+    @staticmethod
+    def _rows(logits: torch.Tensor | None, rows: list[int], ready: list[torch.Tensor], draft_rows: list[int]) -> torch.Tensor:
+        """The rows to sample, in StepOutputs order: generating (forward, then ready), then drafts."""
+        if not ready:
+            assert logits is not None
+            rows = rows + draft_rows  # greedy choices at every drafted position (runtime/speculative.py)
+            # A plain decode step samples every row in order: no need to copy the logits.
+            return logits if rows == list(range(logits.shape[0])) else logits.index_select(
+                0, device_ids(rows, logits.device))
+        parts = [torch.stack(ready)]
+        if logits is not None and rows:
+            parts.insert(0, logits.index_select(0, device_ids(rows, logits.device)))
+        if logits is not None and draft_rows:
+            parts.append(logits.index_select(0, device_ids(draft_rows, logits.device)))
+        return torch.cat(parts)
 
 
 def score_prompt(req: Req, first_pos: int, rows: torch.Tensor) -> tuple[list, list]:

@@ -74,6 +74,8 @@ class EngineCollector(Collector):
                                   s["tier_disk_writes_total"])
         yield CounterMetricFamily("radixserve_kv_tier_disk_corrupt", "Disk tier files found torn or corrupt (skipped)",
                                   s["tier_disk_corrupt_total"])
+        yield CounterMetricFamily("radixserve_kv_tier_disk_prefetched",
+                                  "Disk tier files read ahead for queued requests", s["tier_disk_prefetched_total"])
 
     def _peer_names(self, s: dict[str, float]) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         """The prefix-cache numbers under vLLM's and SGLang's names (their dashboards' queries)."""

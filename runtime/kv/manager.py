@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from radix import BasePrefixCache, SlotAllocator
+from runtime.kv.last_logits import LastLogits
 from runtime.kv.pins import PrefixPins
 from runtime.kv.pool import KVPool
 from runtime.kv.slot_table import ReqSlotTable
@@ -29,6 +30,8 @@ class KVManager:
         self.cache = cache
         self.tiers = tiers  # host and disk copies under the cache (None: the pool alone)
         self.page = allocator.page_size
+        # The last logits of finished prompts, so an exact re-send needs no forward (last_logits.py).
+        self.last_logits = LastLogits()
         # Prefixes retained for a while (runtime/kv/pins.py): at most a quarter of the pool, and
         # released before a running request is retracted or failed; retained on the tiers too.
         self.pins = PrefixPins(cache, max_tokens=allocator.num_slots // 4, lower=tiers)

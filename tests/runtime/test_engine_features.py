@@ -50,9 +50,10 @@ def test_parallel_samples_compute_the_prompt_once(engine: Engine) -> None:
                                                              "seed": 7, "ignore_eos": True})
     assert len(outs) == 4 and [o.index for o in outs] == [0, 1, 2, 3]
     stats = engine.stats()
-    # 30 prompt tokens computed once, plus one token each for the other three samples.
-    assert stats["computed_prompt_tokens_total"] == 30 + 3
-    assert stats["cached_tokens_total"] == 3 * 29
+    # 30 prompt tokens computed once; the other three samples start from the kept logits of the
+    # prompt's last position (runtime/kv/last_logits.py), with no forward of their own.
+    assert stats["computed_prompt_tokens_total"] == 30
+    assert stats["cached_tokens_total"] == 3 * 30
     assert len({tuple(o.token_ids) for o in outs}) > 1  # different samples
 
 
@@ -229,7 +230,8 @@ def test_cache_salt_namespaces_the_cache(engine: Engine) -> None:
     engine.generate(input_ids=prompt, sampling_params={**GREEDY, "max_new_tokens": 1}, cache_salt="tenant-a")
     other = engine.generate(input_ids=prompt, sampling_params={**GREEDY, "max_new_tokens": 1}, cache_salt="tenant-b")
     same = engine.generate(input_ids=prompt, sampling_params={**GREEDY, "max_new_tokens": 1}, cache_salt="tenant-a")
-    assert other[0].cached_tokens == 0 and same[0].cached_tokens == 29
+    # the same tenant's exact re-send: the whole prompt and its last logits were kept (no forward)
+    assert other[0].cached_tokens == 0 and same[0].cached_tokens == 30
 
 
 def test_dedupe_shares_uncached_documents_behind_a_cached_system_prompt(engine: Engine) -> None:

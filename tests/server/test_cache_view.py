@@ -165,3 +165,4 @@ def test_tiers_in_the_view_and_the_metrics(tiered: RunningServer) -> None:
     assert samples[("radixserve_kv_tier_promoted_tokens_total", "host")] >= 40
     assert samples[("radixserve_kv_tier_hit_tokens_total", "host")] >= 40
     assert samples[("radixserve_kv_tier_tokens", "host")] > 0
+    assert ("radixserve_kv_tier_disk_prefetched_total", None) in samples
