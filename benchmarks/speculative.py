@@ -34,6 +34,12 @@ def document(words_target: int, seed: int = 0) -> str:
     return " ".join(out)
 
 
+def rag_prompt(doc_words: int = 1100, seed: int = 0) -> str:
+    """A document (~1,500 tokens at 1,100 words) and a question whose answer quotes it."""
+    doc = document(doc_words, seed)
+    return f"Document:\n{doc}\n\nQuestion: Repeat the document's first sentences word for word.\nAnswer: {doc[:60]}"
+
+
 def run(model: str, speculative: bool, prompt: str, tokens: int) -> dict:
     from runtime import Engine
 
@@ -58,8 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    doc = document(args.doc_words)
-    prompt = f"Document:\n{doc}\n\nQuestion: Repeat the document's first sentences word for word.\nAnswer: {doc[:60]}"
+    prompt = rag_prompt(args.doc_words)
     off = run(args.model, False, prompt, args.tokens)
     on = run(args.model, True, prompt, args.tokens)
     result = {"off_tok_s": off["tok_s"], "on_tok_s": on["tok_s"], "speedup": on["tok_s"] / off["tok_s"],
