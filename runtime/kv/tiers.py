@@ -345,8 +345,9 @@ class KVTiers:
         if self._host_tokens <= cap:
             return
         keep = self.retention.protected(((h, self._entries[h].tokens) for h in self._host_lru), cap * RETAINED_SHARE)
-        for handle in [h for h in self._host_lru if h not in keep]:
-            if self._host_tokens <= cap:
+        while self._host_tokens > cap:
+            handle = _first_not_in(self._host_lru, keep)
+            if handle is None:
                 break
             del self._host_lru[handle]
             entry = self._entries[handle]
@@ -363,8 +364,9 @@ class KVTiers:
         if self._disk_bytes <= cap:
             return
         keep = self.retention.protected(self._disk_lru.items(), cap * RETAINED_SHARE)
-        for handle in [h for h in self._disk_lru if h not in keep]:
-            if self._disk_bytes <= cap:
+        while self._disk_bytes > cap:
+            handle = _first_not_in(self._disk_lru, keep)
+            if handle is None:
                 break
             self._disk_bytes -= self._disk_lru.pop(handle)
             entry = self._entries[handle]
@@ -497,6 +499,11 @@ class KVTiers:
             parts.append(torch.frombuffer(data, dtype=torch.uint8, count=size, offset=start).view(dtype).reshape(shape))
             start += size
         return HostCopy(*parts)
+
+
+def _first_not_in(lru: OrderedDict[int, object], keep: set[int]) -> int | None:
+    """The least recently used handle not kept (past the few kept ones at the front)."""
+    return next((h for h in lru if h not in keep), None)
 
 
 def _tensor_bytes(t: torch.Tensor) -> bytes:
