@@ -171,8 +171,11 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest, top_logprobs: int
         prefix = _opened_call(prompt, plan.tool_parser.trigger) if plan.tool_parser.constrained else ""
         if any(plan.tool_parser.call_tag(t, {})[0].startswith(prefix) for t in specs):
             plan.tool_prefix = prefix  # the grammar starts inside the call this opened
-        tag = structural_tag(plan.tool_parser, specs, body.parallel_tool_calls is not False, plan.tool_prefix,
-                             _special_tokens(engine))
+        try:
+            tag = structural_tag(plan.tool_parser, specs, body.parallel_tool_calls is not False, plan.tool_prefix,
+                                 _special_tokens(engine))
+        except ValueError as exc:  # a schema the Python-call grammar cannot hold
+            raise bad_request(exc) from exc
         if tag is not None:
             constraint.params = {"structural_tag": json.dumps(tag)}
         if plan.tool_parser.needs_special_tokens:

@@ -141,7 +141,11 @@ class ToolParser:
     separator: ClassVar[str] = "\n"  # between parallel calls
     block_open: ClassVar[str] = ""  # what only the first call of a block starts with (Mistral's "[TOOL_CALLS][")
     block_close: ClassVar[str] = ""  # what follows the last call of a block (Mistral's "]")
-    constrained: ClassVar[bool] = True  # False: arguments are not JSON text, so the grammar leaves them free
+    constrained: ClassVar[bool] = True  # False: the grammar leaves the calls free
+    # Python-call formats (pythonic, Gemma): how their blocks are written (python_grammar.PythonBlock);
+    # the grammar is built from these instead of call_tag's JSON. `banned`: characters no string may hold.
+    python_blocks: ClassVar[tuple] = ()
+    banned: ClassVar[str] = ""
 
 
 def _content(out: Parsed, text: str) -> None:

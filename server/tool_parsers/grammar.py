@@ -4,11 +4,15 @@ the call to one of the tools by name and its arguments to that tool's JSON Schem
 block (one call, or several when parallel_tool_calls allows) the turn ends.
 
 When the prompt already ends with the opening marker (a template that opens the call in the
-generation prompt), the output starts inside the block: the grammar starts there too."""
+generation prompt), the output starts inside the block: the grammar starts there too.
+
+JSON formats hold the arguments with xgrammar's JSON Schema element; the Python-call formats
+(pythonic, Gemma) with EBNF generated from the schema (python_grammar.py)."""
 
 from __future__ import annotations
 
 from server.tool_parsers.base import ToolParser, ToolSpec
+from server.tool_parsers.python_grammar import arguments_grammar, callable_name
 
 WHITESPACE_RUN = 1  # at most one blank in a row inside the arguments: a small model cannot loop on spaces
 
@@ -31,13 +35,15 @@ def _schema(tool: ToolSpec) -> dict:
 
 def structural_tag(parser: ToolParser, tools: list[ToolSpec], parallel: bool, forced: str = "",
                    special_tokens: frozenset[str] = frozenset()) -> dict | None:
-    """None when the format's arguments are not JSON (pythonic, Gemma): parsed, not constrained.
+    """None when there is nothing to hold (no tools, an unconstrained parser).
 
     A block is `begin schema end (separator begin' schema end)* block_close`. xgrammar wants a
     non-empty end string after content of unbounded length, so the block's last character is the
     tag's end and the other calls' text starts with it."""
     if not parser.constrained or not tools:
         return None
+    if parser.python_blocks:
+        return _python_tag(parser, tools, parallel, forced)
     ends = {parser.call_tag(t, {})[2] for t in tools}
     assert len(ends) == 1, "one end string for every call"
     end = ends.pop()
@@ -70,3 +76,40 @@ def structural_tag(parser: ToolParser, tools: list[ToolSpec], parallel: bool, fo
     kind = "token_triggered_tags" if by_token else "triggered_tags"
     key = "trigger_tokens" if by_token else "triggers"
     return {"type": "structural_tag", "format": {"type": kind, key: [trigger], "tags": tags, "stop_after_first": True}}
+
+
+def _python_tag(parser: ToolParser, tools: list[ToolSpec], parallel: bool, forced: str) -> dict | None:
+    """The Python-call formats: per block shape and tool, `open name(` arguments `)` (then, when
+    parallel, `separator name(` arguments `)` again and again) and the block's close. Without a
+    trigger of its own, a shape is triggered by its full `open name(`: a `[` in text stays free.
+    A tool whose name or required arguments Python cannot spell gets no tag (nor can it be called)."""
+    grammars = {}
+    for i, tool in enumerate(tools):
+        if callable_name(tool.name):
+            try:
+                grammars[tool.name] = arguments_grammar(tool.parameters, parser.banned)
+            except (ValueError, TypeError, KeyError) as exc:
+                raise ValueError(f"tools[{i}].function.parameters: {exc}") from exc
+    args = {name: g for name, g in grammars.items() if g is not None}
+    if not args:
+        return None
+
+    def call(lead: str, name: str) -> list[dict]:
+        return [*_const(lead), {"type": "grammar", "grammar": args[name]}, *_const(")")]
+
+    firsts, tags, triggers = [], [], []
+    for block in parser.python_blocks:
+        more = [{"type": "star", "content": _or([_seq(call(block.separator + n + "(", n)) for n in args])}] if parallel else []
+        for name in args:
+            begin = f"{block.open}{name}("
+            content = _seq(call("", name) + more)
+            if forced and begin.startswith(forced):
+                firsts.append(_seq([*_const(begin[len(forced):]), content, *_const(block.close)]))
+            tags.append({"type": "tag", "begin": begin, "content": content, "end": block.close})
+            trigger = block.trigger or begin
+            if trigger not in triggers:
+                triggers.append(trigger)
+    if forced and firsts:
+        return {"type": "structural_tag", "format": _or(firsts)}
+    return {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": triggers, "tags": tags,
+                                                  "stop_after_first": True}}

@@ -1,21 +1,24 @@
 """Pythonic calls: `[get_weather(city="Paris"), get_time(tz="CET")]` (Llama 3.2 / Llama 4's
 pythonic templates, and the Python-style form of Gemma's function-calling guide). Arguments are
-Python, not JSON text, so a call is sent whole once its list closes, and the grammar does not
-constrain them (see ToolParser.constrained)."""
+Python, not JSON text, so a call is sent whole once its list closes. The grammar holds a call from
+`[name(` on (python_grammar.py: the arguments as Python literals matching the tool's schema)."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from server.tool_parsers.base import PENDING, Block, ToolParser
+from server.tool_parsers.base import PENDING, Block, ToolParser, ToolSpec
 from server.tool_parsers.python_calls import bracket_end, read_calls
+from server.tool_parsers.python_grammar import PythonBlock
+
+LIST = PythonBlock("[", ", ", "]")
 
 
 class PythonicParser(ToolParser):
     name: ClassVar[str] = "pythonic"
     opening: ClassVar[str] = r"\[[ \t\n\r]*[A-Za-z_][A-Za-z0-9_.]*[ \t\n\r]*\("
     trigger: ClassVar[str] = "["
-    constrained: ClassVar[bool] = False
+    python_blocks: ClassVar[tuple[PythonBlock, ...]] = (LIST,)
 
     def read_block(self, text: str, start: int, final: bool) -> Block | str | None:
         end = bracket_end(text, start)
@@ -25,3 +28,7 @@ class PythonicParser(ToolParser):
             return None
         calls = read_calls(text[start:end], self.known)
         return Block(calls, end) if calls else None
+
+    def call_tag(self, tool: ToolSpec, schema: dict) -> tuple[str, dict, str]:
+        block = self.python_blocks[0]
+        return f"{block.open}{tool.name}(", schema, f"){block.close}"
