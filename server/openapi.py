@@ -1,16 +1,24 @@
-"""/openapi.json: the public routes, with request and response schemas generated from msgspec."""
+"""/openapi.json: the public routes, with request and response schemas generated from msgspec
+(a `{name}` in a path is a required string path parameter)."""
 
 from __future__ import annotations
+
+import re
 
 import msgspec
 
 from server import protocol as p
+from server import responses_protocol as rp
+from server import responses_schema as rs
 
 # (method, path, request body type or None, response type, summary)
 ROUTES: list[tuple[str, str, type | None, type | None, str]] = [
     ("post", "/v1/completions", p.CompletionRequest, p.CompletionResponse, "Create a completion"),
     ("post", "/v1/chat/completions", p.ChatCompletionRequest, p.ChatCompletionResponse, "Create a chat completion"),
     ("get", "/v1/models", None, p.ModelList, "List served models"),
+    ("post", "/v1/responses", rp.ResponsesRequest, rs.ResponseObject, "Create a response (OpenAI Responses API)"),
+    ("get", "/v1/responses/{response_id}", None, rs.ResponseObject, "A stored response"),
+    ("delete", "/v1/responses/{response_id}", None, rs.ResponseDeleted, "Delete a stored response"),
     ("post", "/generate", p.GenerateRequest, p.GenerateResponse, "Generate (SGLang native)"),
     ("post", "/abort_request", p.AbortRequest, None, "Abort a request by id"),
     ("post", "/flush_cache", None, None, "Drop the prefix cache"),
@@ -34,6 +42,10 @@ def openapi_document() -> dict[str, object]:
                 "schema": {"$ref": f"#/components/schemas/{resp.__name__}"} if resp else {"type": "object"}}}},
             "400": error, "401": error,
         }}
+        names = re.findall(r"\{(\w+)\}", path)
+        if names:
+            op["parameters"] = [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names]
+            op["responses"]["404"] = error  # type: ignore[index]
         if req is not None:
             op["requestBody"] = {"required": True, "content": {"application/json": {
                 "schema": {"$ref": f"#/components/schemas/{req.__name__}"}}}}

@@ -64,7 +64,9 @@ def test_info_routes_and_cache_flush(server: RunningServer) -> None:
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
     assert _post(server, "/flush_cache", {}).status_code == 200
     spec = httpx.get(server.url + "/openapi.json").json()
-    assert {"/v1/completions", "/v1/chat/completions", "/generate"} <= set(spec["paths"])
+    assert {"/v1/completions", "/v1/chat/completions", "/generate", "/v1/responses",
+            "/v1/responses/{response_id}"} <= set(spec["paths"])
+    assert set(spec["paths"]["/v1/responses/{response_id}"]) == {"get", "delete"}
 
 
 @pytest.mark.parametrize("path,body,param", [

@@ -164,3 +164,23 @@ def test_reasoning_becomes_a_reasoning_item(client: openai.OpenAI) -> None:
     done = next(e for e in events if e.type == "response.reasoning_text.done")
     assert streamed == done.text == plain.output_text
     assert [item.type for item in events[-1].response.output] == ["reasoning"]
+
+
+def test_answers_fit_the_schemas_openapi_lists(server: RunningServer) -> None:
+    """/openapi.json documents POST and GET/DELETE /v1/responses with these Structs: real answers decode."""
+    import msgspec
+
+    from server.responses_schema import ResponseDeleted, ResponseObject
+
+    spec = httpx.get(server.url + "/openapi.json").json()
+    assert spec["paths"]["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ResponsesRequest"}
+    call = httpx.post(server.url + "/v1/responses", json={"input": "hi", "tools": TOOLS, "tool_choice": "required",
+                                                          "temperature": 0, "max_output_tokens": 60}).json()
+    made = msgspec.convert(call, ResponseObject)
+    assert made.output[0].type == "function_call" and made.usage is not None
+    text = msgspec.convert(httpx.post(server.url + "/v1/responses", json={"input": "hi", **GREEDY}).json(),
+                           ResponseObject)
+    assert msgspec.convert(httpx.get(f"{server.url}/v1/responses/{text.id}").json(), ResponseObject) == text
+    deleted = msgspec.convert(httpx.delete(f"{server.url}/v1/responses/{text.id}").json(), ResponseDeleted)
+    assert deleted.deleted and deleted.id == text.id
