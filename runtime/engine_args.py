@@ -63,7 +63,7 @@ class EngineArgs:
         "help": "auto (on for cuda, off for cpu), on or off: plan step n+1 while the device runs step n"})
     disable_overlap_schedule: bool = field(default=False, metadata={"help": "same as --overlap-schedule off"})
     speculative_algorithm: str | None = field(default=None, metadata={
-        "help": "ngram: prompt-lookup speculative decoding for greedy requests (drafts from the request's own "
+        "help": "ngram: prompt-lookup speculative decoding, greedy and sampled (drafts from the request's own "
                 "tokens, verified in one forward; output unchanged). Default: off"})
     speculative_config: str | None = field(default=None, metadata={
         "help": "vLLM's spelling, as JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": 4, "

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from runtime.kv import KVManager
 from runtime.output import Logprobs, Output
 from runtime.request import Req, ReqState
+from runtime.sampler import SampleResult
 from runtime.scheduler import Scheduler
 from runtime.speculative import accepted
 from runtime.step import StepOutputs, StepPlan
@@ -57,26 +58,27 @@ class OutputProcessor:
                     continue
                 req.inflight -= 1
                 self._append(req, r.token_ids[j], r.logprobs[j], r.top_logprobs[j])
-            self._verify_drafts(out, r.token_ids[len(out.generating) :])
+            self._verify_drafts(out, r, len(out.generating))
         for req in out.sampled_reqs:
             if req.params.max_new_tokens == 0:
                 self.finish(req, "length")  # prefill only (e.g. warming a shared prefix)
             elif req.state is ReqState.RUNNING and req in finished_prefill:
                 self.kv.cache_unfinished(req)  # others with this prompt hit it from now on
 
-    def _verify_drafts(self, out: StepOutputs, choices: list[int]) -> None:
-        """Keep each draft's prefix the model chose too, then the model's own next token; the
-        rejected positions' KV slots go back (runtime/speculative.py)."""
-        j = 0
+    def _verify_drafts(self, out: StepOutputs, r: SampleResult, j: int) -> None:
+        """Keep each draft's prefix the model chose too, then the model's own token at the first
+        position it did not (rejection sampling for sampled requests: runtime/sampler.verify_draft);
+        the rejected positions' KV slots go back (runtime/speculative.py). r's rows from j on are
+        the drafts' positions, in order."""
         for req, draft in out.drafts:
-            targets, j = choices[j : j + len(draft) + 1], j + len(draft) + 1
+            rows, j = range(j, j + len(draft) + 1), j + len(draft) + 1
             if req.state is not ReqState.RUNNING:
                 continue
-            n = accepted(draft, targets)
+            n = accepted(draft, [r.token_ids[i] for i in rows])
             self.accepted_draft_tokens += n
             self.kv.verified(req, req.kv_len - len(draft) + n)
-            for token in targets[: n + 1]:
-                self._append(req, token, None, None)
+            for i in rows[: n + 1]:
+                self._append(req, r.token_ids[i], r.logprobs[i], r.top_logprobs[i])
                 if req.state is not ReqState.RUNNING:
                     break  # a stop inside the draft: the rest is not the request's
 

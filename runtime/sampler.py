@@ -8,6 +8,9 @@ Randomness is counter-based: request r's draw for its n-th output token is a uni
 hashed from (r's seed, n) on the host, and the token is found by inverting that row's
 cumulative distribution. So a seeded request gives the same tokens whatever else shares its
 batch, on the CPU and on a GPU alike, with no per-request generator.
+
+A row may verify a prompt-lookup draft token (`SampleRow.draft`): `verify_draft` is the
+rejection rule that keeps sampled requests' distribution under speculation (runtime/speculative.py).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class SampleRow:
     output_ids: list[int]
     seed: int
     drawn: int | None = None  # tokens drawn before this one (default: len(output_ids)); counts in-flight ones
+    draft: int = -1  # the drafted token this row's position verifies (-1: none; runtime/speculative.py)
 
     @property
     def draw(self) -> int:
@@ -167,6 +171,29 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.where(empty, probs.argmax(-1, keepdim=True), picked).squeeze(1)
 
 
+def verify_draft(probs: torch.Tensor, draft: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Standard rejection sampling of a deterministic draft, one row per drafted position.
+
+    probs: [N, V] the target distribution p at each position (after temperature and the filters,
+    unnormalised is fine); draft: [N] int64 the drafted token d there (-1 for none: the position
+    after the last draft token); u: [N] the request's uniform for that output position.
+    Returns (tokens, accepted), both [N]: accepted[i] says d_i is kept; where it is not, tokens[i]
+    is the draw that replaces it. The caller keeps each request's leading accepted positions and
+    the token at its first rejected one (or at its draft-free last one), and stops there.
+
+    The draft is a point mass, q(d) = 1, so the standard rule (accept with probability
+    min(1, p(d) / q(d)), else draw from norm(max(0, p - q))) is: accept d with probability p(d),
+    else draw from p with d removed, renormalised. One inverse-CDF draw does both: u falls in d's
+    interval of the CDF with probability p(d) (the token drawn is d: accept); otherwise the token
+    whose interval holds it is, given that, distributed as p without d (the residual). p(d) = 0
+    gives d an empty interval: never accepted. And the draw is the very one plain sampling makes
+    at that position with the same u, so a seeded request emits the same tokens with speculation
+    on or off. Greedy rows are the same rule with p a point mass on the argmax.
+    """
+    tokens = inverse_cdf(probs, u)
+    return tokens, tokens == draft
+
+
 class PendingSample:
     """A step's chosen tokens: on the device at once (`ids`, what the next step may read), and on
     their way to the host in one copy (`result()` waits for it)."""
@@ -239,7 +266,12 @@ class Sampler:
             probs = filter_probs(probs, [p.top_k for p in sub], [p.top_p for p in sub], [p.min_p for p in sub])
             u = uniforms([rows[i].seed for i in random], [rows[i].draw for i in random])
             draws = torch.from_numpy(u.astype(np.float32)).to(device)
-            tokens = tokens.index_copy(0, idx, inverse_cdf(probs, draws))
+            if any(rows[i].draft >= 0 for i in random):
+                # The host reads the verdict back as token == draft (runtime/speculative.accepted).
+                picked, _ = verify_draft(probs, device_ids([rows[i].draft for i in random], device), draws)
+            else:
+                picked = inverse_cdf(probs, draws)
+            tokens = tokens.index_copy(0, idx, picked)
         return tokens
 
 

@@ -5,14 +5,22 @@ the next tokens are often already in the request's own prompt or output. For a d
 request, the longest recent n-gram (`ngram_max` down to `ngram_min` tokens) that also occurs
 earlier in its tokens proposes the tokens that followed that earlier occurrence, up to
 `num_draft_tokens`. The step then computes the request's last token and the draft together (one
-extend, logits at every position) and keeps the draft's longest prefix that the model itself
-would have chosen, plus the model's own next token: 1 to k+1 tokens for about the weight reads
-of one. Rejected positions' KV slots go back at once (KVManager.verified).
+extend, logits at every position) and chooses a token at every position as plain decoding would
+there (`draft_sample_rows`: the same output so far, the same draw counter). The draft's leading
+tokens the model chose too are kept, plus the model's own token at the first position where it
+differs (or after the last draft token): 1 to k+1 tokens for about the weight reads of one.
+Rejected positions' KV slots go back at once (KVManager.verified).
 
-Greedy requests only, for now: their output is token for token what decoding one at a time
-gives. Requests that sample, or whose next token depends on more than the logits (a grammar,
-penalties, logit bias, min_new_tokens, logprobs), decode one token at a time as before, as
-does any request with `speculative: false` in its sampling parameters.
+Greedy requests choose the argmax: their output is token for token what decoding one at a time
+gives. Sampled requests (temperature, top-k, top-p, min-p) go through standard rejection
+sampling for a point-mass draft (runtime/sampler.verify_draft): the draft token at a position is
+kept with probability p(d) under that position's distribution, and on the first rejection the
+token comes from p with d removed, renormalised; so every emitted token is distributed as plain
+sampling's. Each position uses the request's own uniform for that output position, so a seeded
+request emits the same tokens with speculation on or off. Penalties, logit bias, min_new_tokens
+and logprobs work per position as they do one token at a time. Requests with a grammar (its
+matcher state would have to advance along the draft) decode one token at a time, as does any
+request with `speculative: false` in its sampling parameters.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from runtime.request import Req
-from runtime.sampler import has_penalty
+from runtime.sampler import SampleRow
 
 
 @dataclass(frozen=True)
@@ -48,10 +56,19 @@ def propose(tokens: list[int], config: SpeculativeConfig) -> list[int]:
 
 
 def may_speculate(req: Req) -> bool:
-    """Whether a decoding request's next tokens depend on its logits alone, greedily."""
-    p = req.params
-    return (p.speculative and p.greedy and req.grammar is None and not p.return_logprob and not has_penalty(p)
-            and not p.logit_bias and len(req.output_ids) >= p.min_new_tokens and not req.inflight)
+    """Whether a decoding request may draft: it did not opt out, no grammar constrains it, and its
+    last token is on the host (not still in flight from an overlapped step)."""
+    return req.params.speculative and req.grammar is None and not req.inflight
+
+
+def draft_sample_rows(req: Req, draft: list[int]) -> list[SampleRow]:
+    """The sampler's rows for a draft being verified: one per draft position plus the one after it,
+    each as plain decoding would see that position had the draft before it been kept (the output
+    so far, for penalties; the draw counter, for min_new_tokens and the seeded draws), with the
+    draft token it verifies."""
+    out = req.output_ids
+    return [SampleRow(req.params, req.prompt_ids, out + draft[:i], req.seed, drawn=len(out) + i,
+                      draft=draft[i] if i < len(draft) else -1) for i in range(len(draft) + 1)]
 
 
 def accepted(draft: list[int], targets: list[int]) -> int:
