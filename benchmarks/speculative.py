@@ -1,11 +1,12 @@
 """Prompt-lookup speculative decoding on RAG-shaped one-stream work (README "Speculative decoding").
 
-    python -m benchmarks.speculative [--model default] [--json out.json]
+    python -m benchmarks.speculative [--model default] [--temperature T] [--json out.json]
 
-A ~1,500-token document, then a request whose answer quotes it (128 new tokens, greedy), one
-stream, speculation off and on (best of 3 each, the document cached in both, so what is timed is
-decoding). Printed: tokens/s each way, the speed-up, the draft acceptance rate, and whether the
-two outputs are identical (they must be).
+A ~1,500-token document, then a request whose answer quotes it (128 new tokens, greedy; with
+--temperature > 0, sampled with a fixed seed), one stream, speculation off and on (best of 3
+each, the document cached in both, so what is timed is decoding). Printed: tokens/s each way, the
+speed-up, the draft acceptance rate, and whether the two outputs are identical (they must be:
+greedy, and seeded sampling under rejection sampling, give the same tokens either way).
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ def rag_prompt(doc_words: int = 1100, seed: int = 0) -> str:
     return f"Document:\n{doc}\n\nQuestion: Repeat the document's first sentences word for word.\nAnswer: {doc[:60]}"
 
 
-def run(model: str, speculative: bool, prompt: str, tokens: int) -> dict:
+def run(model: str, speculative: bool, prompt: str, tokens: int, temperature: float = 0.0) -> dict:
     from runtime import Engine
 
     extra = {"speculative_algorithm": "ngram"} if speculative else {}
-    params = {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}
+    params = {"max_new_tokens": tokens, "temperature": temperature, "ignore_eos": True, "seed": 0}
     with Engine(model=model, **extra) as engine:
         engine.generate(prompt, sampling_params={**params, "max_new_tokens": 1})  # the document is cached
         best, text = float("inf"), ""
@@ -62,12 +63,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="default")
     parser.add_argument("--doc-words", type=int, default=1100)
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: seeded sampling")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     prompt = rag_prompt(args.doc_words)
-    off = run(args.model, False, prompt, args.tokens)
-    on = run(args.model, True, prompt, args.tokens)
-    result = {"off_tok_s": off["tok_s"], "on_tok_s": on["tok_s"], "speedup": on["tok_s"] / off["tok_s"],
+    off = run(args.model, False, prompt, args.tokens, args.temperature)
+    on = run(args.model, True, prompt, args.tokens, args.temperature)
+    result = {"temperature": args.temperature, "off_tok_s": off["tok_s"], "on_tok_s": on["tok_s"],
+              "speedup": on["tok_s"] / off["tok_s"],
               "acceptance_rate": on["acceptance"], "identical": on["text"] == off["text"]}
     print(json.dumps(result, indent=2))
     if args.json:
