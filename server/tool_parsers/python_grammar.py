@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import keyword
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 MAX_FLOAT_DIGITS = 17  # a float's integer part (Python's repr writes up to 16), so that 1e400 (inf, not JSON) cannot be
@@ -175,7 +176,7 @@ class _Builder:
             return self.rule(f'"{{" ({entry} ("," " " {entry})*)? "}}"', "obj")
         return self.rule(f'"{{" {props} "}}"', "obj")
 
-    def members(self, schema: dict, key: object, separator: str) -> str | None:
+    def members(self, schema: dict, key: Callable[[str], str | None], separator: str) -> str | None:
         """The declared properties in order, required ones present: a rule per position, for "nothing
         written yet" and "something written" (which then starts with the separator). None when a
         required property has no spelling (`key` returns None for it)."""
@@ -185,7 +186,7 @@ class _Builder:
             properties.setdefault(name, True)
         entries = []
         for name, sub in properties.items():
-            spelled = key(name)  # type: ignore[operator]
+            spelled = key(name)
             if spelled is None:
                 if name in required:
                     return None
