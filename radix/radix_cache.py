@@ -332,6 +332,8 @@ class RadixCache(BasePrefixCache):
             if handle is None:
                 return False
             self._set_handle(leaf, handle)
+        else:
+            self.lower.demote(handle, leaf.value)  # type: ignore[union-attr]
         self.allocator.free(leaf.value)
         leaf.value = _EMPTY
         self._evictable -= len(leaf)

@@ -37,6 +37,10 @@ class LowerTier(Protocol):
         """Copy the KV in `slots` down and return a handle (None: the tier declines). With
         `evicting` the pool is about to free the slots, so this copy will be the only one."""
 
+    def demote(self, handle: object, slots: torch.Tensor) -> None:
+        """The pool is about to free `slots`, whose KV this handle already has a copy of (written
+        through to disk): a tier may keep a faster copy too."""
+
     def load(self, handle: object, slots: torch.Tensor) -> str | None:
         """Copy a handle's KV up into `slots`; the name of the tier it came from ("host",
         "disk"), or None when the tier no longer has it intact."""

@@ -123,6 +123,25 @@ class KVTiers:
         with self._lock:
             return self._add(key, copy, keep_host)
 
+    def demote(self, handle: object, slots: torch.Tensor) -> None:
+        """A node with a disk copy leaves the pool: keep it in the host tier too, where there is
+        one, so that a hit copies from memory rather than reading the file."""
+        if self.config.host_tokens < len(slots):
+            return
+        with self._lock:
+            entry = self._entries.get(handle)  # type: ignore[arg-type]
+            if entry is None or handle in self._host_lru:
+                return
+        copy = self.codec.encode(*self._gather(slots))
+        with self._lock:
+            if entry.released:
+                return
+            self._prefetched.pop(handle, None)  # type: ignore[call-overload]
+            entry.host = copy
+            self._host_lru[handle] = None  # type: ignore[index]
+            self._host_tokens += entry.tokens
+            self._fit_host()
+
     def load(self, handle: object, slots: torch.Tensor) -> str | None:
         with self._lock:
             entry = self._entries.get(handle)  # type: ignore[arg-type]

@@ -55,6 +55,10 @@ class FakeTier:
             self._dropped.append(oldest)
         return handle if handle in self.copies else None
 
+    def demote(self, handle: object, slots: torch.Tensor) -> None:
+        if handle in self.copies:  # the copy written through earlier is what leaves the pool now
+            assert self.copies[handle][1] == [self.content[s] for s in slots.tolist()]
+
     def load(self, handle: object, slots: torch.Tensor) -> str | None:
         if handle not in self.copies or handle in self.corrupt:
             return None

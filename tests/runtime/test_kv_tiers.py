@@ -59,6 +59,18 @@ def test_the_host_tier_serves_prefixes_the_pool_had_to_evict(folder: Path) -> No
     assert stats["tier_promoted_host_tokens_total"] >= 3 * 69 and stats["tier_demoted_tokens_total"] > 0
 
 
+def test_with_both_tiers_demoted_prefixes_are_served_from_host_memory(folder: Path, tmp_path: Path) -> None:
+    prompts = docs()
+    with small_engine(folder) as plain:
+        want = [t for t, _ in ask_in_turn(plain, prompts, rounds=1)]
+    with small_engine(folder, kv_host_tier_tokens=1024, kv_disk_dir=str(tmp_path)) as tiered:
+        got = ask_in_turn(tiered, prompts)
+        stats = tiered.stats()
+        assert_slots_balanced(tiered)
+    assert [t for t, _ in got] == want * 2 and all(cached >= 69 for _, cached in got[3:])
+    assert stats["tier_promoted_host_tokens_total"] >= 3 * 69  # not read back from the files
+
+
 def test_a_restarted_engine_finds_its_prefixes_on_disk(folder: Path, tmp_path: Path) -> None:
     (doc,) = docs(1)
     with small_engine(folder, kv_disk_dir=str(tmp_path)) as first:
