@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from runtime.layers.attention import PagedAttention
 from runtime.layers.norm import RMSNorm
-from runtime.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
+from runtime.layers.rotary import RotaryEmbedding, apply_rotary_qk, rope_inv_freq
 from runtime.models.llama import GatedMLP, head_dim_of, layer_window
 from runtime.models.weights import fused_linear, load_into
 
@@ -32,12 +33,24 @@ class Gemma3Attention(nn.Module):
         self.attn = PagedAttention(layer_id, config.query_pre_attn_scalar**-0.5, layer_window(config, layer_id))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
-        q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))
-        k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        qkv = self.qkv_proj(x)
+        qk_size = self.sizes[0] + self.sizes[1]
+        # q and k heads side by side: normed (each head by its own weights) and rotated as one
+        qk = qkv[:, :qk_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
+        q, k = apply_rotary_qk(self._qk_norm(qk), cos, sin, self.num_heads)
+        v = qkv[:, qk_size:].view(-1, self.num_kv_heads, self.head_dim)
         return self.o_proj(self.attn(q, k, v))
+
+    def _qk_norm(self, qk: torch.Tensor) -> torch.Tensor:
+        """q_norm on the q heads and k_norm on the k heads, in float32 like the reference, as one
+        norm and one scale over every head."""
+        scale = getattr(self, "_qk_scale", None)
+        if scale is None or scale.device != qk.device:
+            scale = torch.cat([self.q_norm._scale().expand(self.num_heads, -1),
+                               self.k_norm._scale().expand(self.num_kv_heads, -1)])
+            self._qk_scale = scale
+        normed = F.rms_norm(qk.float(), (self.head_dim,), None, self.q_norm.eps)
+        return normed.mul_(scale).to(qk.dtype)
 
 
 class Gemma3DecoderLayer(nn.Module):

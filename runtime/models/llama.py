@@ -11,7 +11,7 @@ from torch import nn
 from runtime.layers.activation import gated_activation
 from runtime.layers.attention import PagedAttention
 from runtime.layers.norm import RMSNorm
-from runtime.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
+from runtime.layers.rotary import RotaryEmbedding, apply_rotary, apply_rotary_qk, rope_inv_freq
 from runtime.models.weights import fused_linear, load_into
 
 
@@ -49,13 +49,17 @@ class LlamaAttention(nn.Module):
         self.sizes = [q_size, kv_size, kv_size]
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        qk_size = self.sizes[0] + self.sizes[1]
+        v = qkv[:, qk_size:].view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q, k = qkv[:, : self.sizes[0]], qkv[:, self.sizes[0] : qk_size]
+            q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))
+            k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        else:  # q and k side by side in the projection's output: rotated as one
+            qk = qkv[:, :qk_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
+            q, k = apply_rotary_qk(qk, cos, sin, self.num_heads)
         return self.o_proj(self.attn(q, k, v))
 
 
