@@ -25,7 +25,7 @@ from runtime.builtin_models import (
     builtin_model,
     builtin_model_names,
 )
-from runtime.gguf_groups import INT4_GROUPS_FILE, write_int4_groups
+from runtime.gguf_groups import INT4_GROUPS_FILE
 
 __all__ = ["DEFAULT_CHAT_TEMPLATE", "DEFAULT_GENERATION_CONFIG", "DefaultModelError", "build_model_dir",
            "builtin_model_dir", "default_model_dir", "ensure_builtin_model", "ensure_default_model",
@@ -140,14 +140,13 @@ def add_int4_groups(model: BuiltinModel, folder: Path) -> None:
     """Write the GGUF's 4-bit tensors beside an existing conversion (runtime/gguf_groups.py)."""
     from gguf import GGUFReader
 
-    from runtime.gguf_convert import gguf_architecture, hf_tensor_name
+    from runtime.gguf_convert import keep_int4_groups
 
     with tempfile.TemporaryDirectory(prefix="radixserve-gguf-") as tmp:
         reader = GGUFReader(str(assemble_gguf(model, Path(tmp) / f"{model.name}.gguf")))
-        arch = gguf_architecture(reader)
         staging = Path(tempfile.mkdtemp(prefix=".int4-groups-", dir=folder))  # same file system: an atomic rename
         try:
-            count = write_int4_groups(reader, staging, lambda name: hf_tensor_name(name, arch))
+            count = keep_int4_groups(reader, staging)
             (staging / INT4_GROUPS_FILE).replace(folder / INT4_GROUPS_FILE)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

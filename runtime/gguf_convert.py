@@ -200,6 +200,13 @@ def dequantized_state_dict(
     return state
 
 
+def keep_int4_groups(reader: GGUFReader, out_dir: Path) -> int:
+    """Write the GGUF's 4-bit tensors, under their Hugging Face names, as int4 groups
+    (runtime/gguf_groups.py) into `out_dir`; how many."""
+    arch = gguf_architecture(reader)
+    return write_int4_groups(reader, out_dir, lambda name: hf_tensor_name(name, arch))
+
+
 def convert_gguf(
     gguf_path: Path,
     out_dir: Path,
@@ -225,8 +232,7 @@ def convert_gguf(
     state = dequantized_state_dict(reader, dtype=dtype, progress=progress)
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     del state
-    arch = gguf_architecture(reader)
-    count = write_int4_groups(reader, out_dir, lambda name: hf_tensor_name(name, arch))
+    count = keep_int4_groups(reader, out_dir)
     log(f"kept {count} 4-bit tensors as int4 groups for --quantization int4 ({INT4_GROUPS_FILE})")
     log(f"building the tokenizer from the GGUF vocabulary ({config['vocab_size']:,} tokens; "
         "about 30-60 s for a large vocabulary)")

@@ -13,12 +13,14 @@ Q8_0, ...). Q4_K's super-block header is unpacked by the gguf package's own read
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
+from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import Q4_K
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -26,6 +28,7 @@ from safetensors.torch import save_file
 # Not "*.safetensors": loaders (ours, vLLM's) take every such file in a folder for the checkpoint.
 INT4_GROUPS_FILE = "int4-groups.st"
 GROUP = 32  # weights per (scale, low) in every format below
+FOUR_BIT = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
 
 
 @dataclass(frozen=True)
@@ -83,9 +86,9 @@ def decode_blocks(kind: GGMLQuantizationType, blocks: np.ndarray) -> tuple[np.nd
 
 def tensor_groups(kind: GGMLQuantizationType, data: np.ndarray, shape: tuple[int, int]) -> Int4Groups | None:
     """A GGUF tensor ([N, K], numpy order) as int4 groups, if its format is one of the 4-bit ones."""
-    block_bytes = {GGMLQuantizationType.Q4_K: 144, GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20}.get(kind)
-    if block_bytes is None or len(shape) != 2:
+    if kind not in FOUR_BIT or len(shape) != 2:
         return None
+    _, block_bytes = GGML_QUANT_SIZES[kind]
     decoded = decode_blocks(kind, np.asarray(data, dtype=np.uint8).reshape(-1, block_bytes))
     assert decoded is not None
     codes, scales, lows = decoded
@@ -95,7 +98,7 @@ def tensor_groups(kind: GGMLQuantizationType, data: np.ndarray, shape: tuple[int
                       torch.from_numpy(lows.reshape(n, k // GROUP).copy()))
 
 
-def write_int4_groups(reader: GGUFReader, out_dir: Path, hf_name: object) -> int:
+def write_int4_groups(reader: GGUFReader, out_dir: Path, hf_name: Callable[[str], str]) -> int:
     """Write INT4_GROUPS_FILE for the GGUF's 4-bit tensors (`hf_name(gguf_name)` names them); how many."""
     tensors: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
@@ -103,7 +106,7 @@ def write_int4_groups(reader: GGUFReader, out_dir: Path, hf_name: object) -> int
         groups = tensor_groups(tensor.tensor_type, tensor.data, shape)  # type: ignore[arg-type]
         if groups is None:
             continue
-        name = hf_name(tensor.name)  # type: ignore[operator]
+        name = hf_name(tensor.name)
         # two codes a byte on disk (low nibble first)
         tensors[f"{name}:q"] = groups.q[:, 0::2] | (groups.q[:, 1::2] << 4)
         tensors[f"{name}:scales"], tensors[f"{name}:lows"] = groups.scales, groups.lows

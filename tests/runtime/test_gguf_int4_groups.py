@@ -10,33 +10,33 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
 from runtime import Engine
 from runtime.cpu.int4_linear import INT4_MAX_ROWS, Int4Linear
 from runtime.default_model import build_model_dir
-from runtime.gguf_groups import INT4_GROUPS_FILE, decode_blocks, read_int4_groups, tensor_groups
+from runtime.gguf_groups import FOUR_BIT, INT4_GROUPS_FILE, decode_blocks, read_int4_groups, tensor_groups
 from runtime.model_runner import ModelRunner, RunnerConfig
 from runtime.models.weights import checkpoint_files
 from tests.tiny_gguf import write_tiny_gemma3_gguf
 
-BLOCK_BYTES = {GGMLQuantizationType.Q4_K: 144, GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20}
 
 
 def random_blocks(kind: GGMLQuantizationType, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
     """Random codes and 6-bit scales; the f16 fields finite and of weight-like size."""
-    blocks = rng.integers(0, 256, size=(n_blocks, BLOCK_BYTES[kind]), dtype=np.uint8)
+    blocks = rng.integers(0, 256, size=(n_blocks, GGML_QUANT_SIZES[kind][1]), dtype=np.uint8)
     halves = 2 if kind == GGMLQuantizationType.Q4_0 else 4  # bytes of f16 fields at the start
     f16 = (rng.standard_normal((n_blocks, halves // 2)) * 0.01).astype(np.float16)
     blocks[:, :halves] = f16.view(np.uint8).reshape(n_blocks, halves)
     return blocks
 
 
-@pytest.mark.parametrize("kind", list(BLOCK_BYTES), ids=lambda k: k.name)
+@pytest.mark.parametrize("kind", FOUR_BIT, ids=lambda k: k.name)
 def test_decoded_groups_are_exactly_the_dequantized_weights(kind: GGMLQuantizationType) -> None:
     rng = np.random.default_rng(int(kind))
     rows, width = 6, 512
-    per_block = 256 if kind == GGMLQuantizationType.Q4_K else 32  # weights
+    per_block = GGML_QUANT_SIZES[kind][0]  # weights
     blocks = random_blocks(kind, rows * width // per_block, rng)
     codes, scales, lows = decode_blocks(kind, blocks)
     assert codes.min() >= 0 and codes.max() <= 15
