@@ -91,11 +91,11 @@ class Int4Linear(FewRowsLinear):
         self.shipped = shipped is not None  # served from the checkpoint's own 4-bit codes
 
 
-def shipped_groups(model: nn.Module, linear: nn.Linear, groups: dict[str, Int4Groups]) -> Int4Groups | None:
-    """The checkpoint's own int4 groups for a layer (every shard of a fused one), if it has them."""
+def shipped_groups(qualname: str, linear: nn.Linear, groups: dict[str, Int4Groups]) -> Int4Groups | None:
+    """The checkpoint's own int4 groups for the layer named `qualname` (every shard of a fused
+    one), if it has them."""
     if not groups:
         return None
-    qualname = next(name for name, module in model.named_modules() if module is linear)
     parent, own = qualname.rsplit(".", 1)
     shards = FUSED_FROM.get(own, [own])
     parts = [groups.get(f"{parent}.{shard}.weight") for shard in shards]
@@ -109,10 +109,12 @@ def quantize_linears_int4(model: nn.Module, packed: bool, groups: dict[str, Int4
     """Swap every nn.Linear of a loaded bf16 model (not the output head) whose width fits whole
     groups for an Int4Linear, from the checkpoint's own 4-bit codes where `groups` has them;
     returns (layers swapped, of which served as shipped)."""
+    names = {id(module): name for name, module in model.named_modules()}  # once, not per layer
+
     def make(linear: nn.Linear) -> nn.Linear:
         if not fits_int4(linear.weight):
             return PackedLinear(linear) if packed else linear
-        return Int4Linear(linear, packed, shipped_groups(model, linear, groups or {}))
+        return Int4Linear(linear, packed, shipped_groups(names[id(linear)], linear, groups or {}))
 
     swapped = swap_linears(model, make)
     return swapped, sum(1 for m in model.modules() if isinstance(m, Int4Linear) and m.shipped)
