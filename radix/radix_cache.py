@@ -15,15 +15,13 @@ matched (a node the prompt shares only part of is split on the tier first, so on
 part comes up). Every descendant of a demoted node is demoted too, so the device part of the tree is
 always a subtree hanging from the roots; "leaf" in the eviction sense means a node with no
 children *on the device*. Without a lower tier the tree behaves exactly as it always did.
+The nodes and the counters are radix/tree_node.py.
 """
 
 from __future__ import annotations
 
 import heapq
-import itertools
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -32,54 +30,11 @@ import torch
 from radix.allocator import SlotAllocator
 from radix.base import BasePrefixCache, ExtraKey, MatchResult
 from radix.tiers import LowerTier, StoredKey
+from radix.tree_node import CacheStats, TreeNode
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
-_ids = itertools.count()
 Alloc = Callable[[int], "torch.Tensor | None"]  # n slots (evicting if it must), or None
-
-
-@dataclass(eq=False, slots=True)
-class TreeNode:
-    key: np.ndarray
-    value: torch.Tensor  # device slots; empty while the node is demoted
-    parent: TreeNode | None
-    children: dict[bytes, TreeNode] = field(default_factory=dict)
-    lock_ref: int = 0
-    last_access: int = 0
-    uid: int = field(default_factory=lambda: next(_ids))
-    # Statistics for the live view (radix/tree_view.py): how many match_prefix walks went through
-    # this node, and when its tokens were first cached (time.monotonic()).
-    hit_count: int = 0
-    created: float = field(default_factory=time.monotonic)
-    handle: object | None = None  # the lower tier's copy of this node's KV, if any
-    device_children: int = 0  # children whose KV is on the device
-
-    @property
-    def is_root(self) -> bool:
-        return self.parent is None
-
-    @property
-    def on_device(self) -> bool:
-        return self.parent is None or self.value.numel() > 0
-
-    def __len__(self) -> int:
-        return len(self.key)
-
-
-@dataclass(slots=True)
-class CacheStats:
-    """Counts over every `match_prefix` call, and the tiers' traffic in tokens."""
-
-    queries: int = 0
-    query_tokens: int = 0
-    hit_tokens: int = 0
-    promoted_tokens: dict[str, int] = field(default_factory=dict)  # by tier: "host", "disk"
-    demoted_tokens: int = 0
-    dropped_tokens: int = 0  # demoted KV a tier let go (out of room, torn or corrupt)
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+__all__ = ["Alloc", "CacheStats", "RadixCache", "TreeNode"]  # TreeNode, CacheStats: re-exported
 
 
 class RadixCache(BasePrefixCache):
