@@ -205,23 +205,17 @@ class EngineLoop:
         Safe to repeat: a failed forward wrote K/V only into the requests' own slots (rewritten
         identically now) and advanced nothing. Tokens that were in flight have landed by now.
         """
+        alone: list[tuple[Req, StepPlan]] = []
         for req, entry in zip(plan.reqs, plan.entries):
-            if req.state is not ReqState.RUNNING:
-                continue
             if entry.future is not None:
                 entry = BatchEntry(entry.row, entry.prefix_len, [req.token_at(entry.prefix_len)], entry.logits_from)
-            try:
-                self._complete(self._launch(StepPlan.of(req, entry)))
-            except Exception as exc:  # noqa: BLE001 - this request is the faulty one
-                logger.error("request %s failed: %r", req.rid, exc)
-                self.output.finish(req, "abort", error=f"internal error: {exc!r}")
-        for req, row in plan.ready:
+            alone.append((req, StepPlan.of(req, entry)))
+        alone += [(req, StepPlan(ready=[(req, row)])) for req, row in plan.ready]
+        for req, step in alone:
             if req.state is not ReqState.RUNNING:
-                continue
-            alone = StepPlan()
-            alone.add_ready(req, row)
+                continue  # (finished by an earlier one's tokens)
             try:
-                self._complete(self._launch(alone))
+                self._complete(self._launch(step))
             except Exception as exc:  # noqa: BLE001 - this request is the faulty one
                 logger.error("request %s failed: %r", req.rid, exc)
                 self.output.finish(req, "abort", error=f"internal error: {exc!r}")
