@@ -83,7 +83,7 @@ class Engine:
             cuda_graph_max_bs=None if a.disable_cuda_graph else a.cuda_graph_max_bs, quantization=a.quantization,
             prefix_cache=a.enable_prefix_cache, kv_host_tier_tokens=a.kv_host_tier_tokens or 0,
             kv_host_tier_gib=a.kv_host_tier_gib, kv_disk_dir=a.kv_disk_dir, kv_disk_gib=a.kv_disk_gib,
-            kv_host_tier_dtype=a.kv_host_tier_dtype), config)
+            kv_host_tier_dtype=a.kv_host_tier_dtype, kv_tier_copy=a.kv_tier_copy), config)
         self.device = self.runner.device
         self.context_len = self.runner.context_len
         self.kv = self.runner.kv  # the KV state's one owner, handed to the scheduler and the loop

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from kernels import check_backend_name
 from runtime.device import check_device_name, resolve_dtype
 from runtime.kv.host_codec import HOST_DTYPES
+from runtime.kv.tier_copy import COPY_ENGINES
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 LOAD_FORMATS = ("auto", "dummy")
@@ -55,6 +56,10 @@ class EngineArgs:
         "help": "how the host tier (and the disk tier's files) hold KV: auto (the KV pool's dtype; outputs "
                 "unchanged), bfloat16, or int8 (per token and head, one float32 scale): 2-4x the tokens per "
                 "GiB, outputs may change slightly"})
+    kv_tier_copy: str = field(default="auto", metadata={
+        "help": "how KV moves between the pool and the host tier: auto (cuda on a GPU, else sync), sync, "
+                "cuda (pinned host memory, a copy stream and events), or deferred (CPU, for tests: a copy runs "
+                "only when a step or a reader waits for it)"})
     attention_backend: str = field(default="auto", metadata={"help": "auto, torch or triton"})
     cuda_graph_max_bs: int = field(default=256, metadata={
         "help": "capture decode CUDA graphs for batch sizes up to this (CUDA only; capped at --max-running-requests)"})
@@ -87,6 +92,8 @@ class EngineArgs:
             positive(name)
         if self.kv_host_tier_dtype not in HOST_DTYPES:
             raise ValueError(f"kv_host_tier_dtype must be one of {HOST_DTYPES}, got {self.kv_host_tier_dtype!r}")
+        if self.kv_tier_copy not in COPY_ENGINES:
+            raise ValueError(f"kv_tier_copy must be one of {COPY_ENGINES}, got {self.kv_tier_copy!r}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
         for name in ("kv_host_tier_gib", "kv_disk_gib"):

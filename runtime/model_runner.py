@@ -75,6 +75,7 @@ class RunnerConfig:
     kv_disk_dir: str | None = None  # the prefix cache's disk tier; None: none
     kv_disk_gib: float = 4.0
     kv_host_tier_dtype: str = "auto"  # how host copies hold KV (runtime/kv/host_codec.py)
+    kv_tier_copy: str = "auto"  # how KV moves to and from host copies (runtime/kv/tier_copy.py)
 
 
 class ModelRunner:
@@ -121,7 +122,8 @@ class ModelRunner:
         digest = kv_digest(cfg.model_path, self.dtype, cfg.page_size, cfg.load_format,
                            codec.name) if cfg.kv_disk_dir else ""
         return TierConfig(host_tokens=host, disk_dir=Path(cfg.kv_disk_dir) if cfg.kv_disk_dir else None,
-                          disk_bytes=int(cfg.kv_disk_gib * GiB), digest=digest, host_dtype=cfg.kv_host_tier_dtype)
+                          disk_bytes=int(cfg.kv_disk_gib * GiB), digest=digest, host_dtype=cfg.kv_host_tier_dtype,
+                          copy_engine=cfg.kv_tier_copy)
 
     def _capture(self, max_bs: int) -> DecodeGraphRunner | None:
         try:
@@ -146,6 +148,7 @@ class ModelRunner:
         """Logits for a step's entries (kernel order) and the step's layout: a decode step replays
         its CUDA graph where one was captured, anything else runs eagerly. `future_ids`: the
         previous step's sampled ids on the device, for entries that name a future token."""
+        self.kv.before_step()  # copies into promoted slots land first (runtime/kv/tier_copy.py)
         if self.graphs is not None and self.graphs.fits(entries):
             return self.graphs.run(entries, future_ids)
         packed = HostBatch.pack(entries, self.table)

@@ -14,7 +14,8 @@ encoding (`HostCodec.name`) and a file of another encoding is never read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -22,15 +23,28 @@ HOST_DTYPES = ("auto", "bfloat16", "int8")
 _INT8_MAX = 127.0
 
 
+class CopyDone(Protocol):
+    def wait(self) -> None:
+        """Block until the copy into this host copy's tensors is done."""
+
+
 @dataclass(frozen=True)
 class HostCopy:
     """The KV of a run of tokens as the host tier holds it: K and V of [layers, tokens, heads, dim],
-    and for int8 their scales of [layers, tokens, heads, 1]."""
+    and for int8 their scales of [layers, tokens, heads, 1]. `done`: the copy filling the tensors
+    may still be under way (runtime/kv/tier_copy.py); read them on the host only after `wait()`."""
 
     k: torch.Tensor
     v: torch.Tensor
     k_scale: torch.Tensor | None = None
     v_scale: torch.Tensor | None = None
+    done: CopyDone | None = field(default=None, compare=False, repr=False)
+
+    def wait(self) -> HostCopy:
+        """This copy, once its tensors hold the KV."""
+        if self.done is not None:
+            self.done.wait()
+        return self
 
     @property
     def tokens(self) -> int:
@@ -46,7 +60,7 @@ class HostCopy:
 
     def slice(self, start: int, stop: int) -> HostCopy:
         """Tokens [start, stop) as a copy of their own (so the whole's memory can go)."""
-        parts = [t[:, start:stop].clone() for t in self.parts()]
+        parts = [t[:, start:stop].clone() for t in self.wait().parts()]
         return HostCopy(*parts)
 
 

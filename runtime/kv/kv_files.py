@@ -29,7 +29,7 @@ MAGIC = b"RSKV1\n"
 
 def write_kv_file(folder: Path, digest: str, key: StoredKey, encoding: str, copy: HostCopy) -> Path:
     """Write one run's copy under a fresh name in `folder`; returns its path."""
-    payload = b"".join(_tensor_bytes(t) for t in copy.parts())
+    payload = b"".join(_tensor_bytes(t) for t in copy.wait().parts())
     header = json.dumps({
         "digest": digest, "extra_key": key.extra_key, "path": key.path.tolist(),
         "start": key.start, "dtype": encoding, "shape": list(copy.k.shape),

@@ -53,6 +53,12 @@ class KVManager:
             return 0
         return self.cache.promote(req.all_ids[: req.max_prefix_match()], req.extra_key, self.alloc)
 
+    def before_step(self) -> None:
+        """A forward step is about to run: it must not read promoted slots, or write demoted
+        ones, before their copies are done (runtime/kv/tier_copy.py)."""
+        if self.tiers is not None:
+            self.tiers.before_step()
+
     def prefetch(self, req: Req) -> None:
         """A request was queued: start reading, in the background, what of its prefix is only on
         disk, so that promoting it at admission finds it in memory."""

@@ -20,6 +20,9 @@
   of tokens) until loaded, then let go: the file stays.
 - A copy can be split in two (a prompt shares only the first part of a demoted node): each part
   gets its own copy (and file), the whole's goes.
+- Copies to and from the pool go through a copy engine (runtime/kv/tier_copy.py): plain copies
+  on the CPU; on CUDA, pinned host memory and a copy stream whose events the next step waits on
+  (`before_step`, called by the model runner before every forward).
 The tree decides when KV moves (eviction demotes, a match promotes); this file only keeps copies.
 The files' format and the digest are runtime/kv/kv_files.py.
 """
@@ -42,6 +45,7 @@ from radix.tiers import StoredKey
 from runtime.kv.host_codec import HostCodec, HostCopy
 from runtime.kv.kv_files import kv_digest, read_kv_file, read_kv_key, write_kv_file
 from runtime.kv.pool import KVPool
+from runtime.kv.tier_copy import copy_engine
 from runtime.kv.tier_retention import RETAINED_SHARE, TierRetention
 
 logger = logging.getLogger(__name__)
@@ -57,6 +61,7 @@ class TierConfig:
     disk_bytes: int = 4 * GiB
     digest: str = ""  # what the KV depends on (kv_digest); names the disk folder
     host_dtype: str = "auto"  # how host copies (and disk files) hold KV: runtime/kv/host_codec.py
+    copy_engine: str = "auto"  # how KV moves to and from host copies: runtime/kv/tier_copy.py
 
     @property
     def enabled(self) -> bool:
@@ -90,6 +95,8 @@ class KVTiers:
         self.config = config
         self.stats = TierStats()
         self.codec = HostCodec(config.host_dtype, pool.dtype)
+        # Pinned memory and a copy stream on CUDA, plain copies on the CPU (tier_copy.py).
+        self.copies = copy_engine(pool.k[0].device, config.copy_engine)
         self.retention = TierRetention()
         self._entries: dict[int, _Entry] = {}
         self._host_lru: OrderedDict[int, None] = OrderedDict()
@@ -117,7 +124,7 @@ class KVTiers:
         keep_host = evicting and self.config.host_tokens >= len(slots)
         if not keep_host and (self.folder is None or self._writes.qsize() > MAX_QUEUED_WRITES):
             return None  # (a writer far behind: this prefix is not persisted, rather than RAM piling up)
-        copy = self.codec.encode(*self._gather(slots))
+        copy = self.copies.download(self.pool, slots, self.codec)
         with self._lock:
             return self._add(key, copy, keep_host)
 
@@ -130,7 +137,7 @@ class KVTiers:
             entry = self._entries.get(handle)  # type: ignore[arg-type]
             if entry is None or handle in self._host_lru:
                 return
-        copy = self.codec.encode(*self._gather(slots))
+        copy = self.copies.download(self.pool, slots, self.codec)
         with self._lock:
             if entry.released:
                 return
@@ -306,20 +313,13 @@ class KVTiers:
 
     # -- copies ----------------------------------------------------------------------------------
 
-    def _gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of `slots` as [layers, tokens, heads, dim] on the CPU, in the pool's dtype."""
-        index = slots.to(self.pool.k[0].device)
-        k = torch.stack([layer.index_select(0, index) for layer in self.pool.k])
-        v = torch.stack([layer.index_select(0, index) for layer in self.pool.v])
-        return k.to("cpu"), v.to("cpu")
-
     def _scatter(self, slots: torch.Tensor, copy: HostCopy) -> None:
-        device = self.pool.k[0].device
-        index = slots.to(device)
-        k, v = (t.to(device) for t in self.codec.decode(copy))
-        for layer in range(len(self.pool.k)):
-            self.pool.k[layer].index_copy_(0, index, k[layer])
-            self.pool.v[layer].index_copy_(0, index, v[layer])
+        """Into the pool; a step reads `slots` only after `before_step` (tier_copy.py's contract)."""
+        self.copies.upload(self.pool, slots, copy, self.codec)
+
+    def before_step(self) -> None:
+        """A forward step is about to run: it waits for every copy to and from the pool issued so far."""
+        self.copies.before_step()
 
     # -- bookkeeping (under the lock) ------------------------------------------------------------
 
