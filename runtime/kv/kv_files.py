@@ -42,6 +42,30 @@ def write_kv_file(folder: Path, digest: str, key: StoredKey, encoding: str, copy
     return path
 
 
+RETAINED_FILE = "retained.json"  # the live retentions (tier_retention.py), beside the files
+
+
+def write_retained(folder: Path, saved: list[dict[str, object]]) -> None:
+    """Replace the folder's record of retentions (atomically, like the KV files)."""
+    tmp = folder / (RETAINED_FILE + ".tmp")
+    tmp.write_text(json.dumps({"version": 1, "retained": saved}))
+    os.replace(tmp, folder / RETAINED_FILE)
+
+
+def read_retained(folder: Path) -> list[dict[str, object]]:
+    """The retentions recorded in a folder; none when there is no record (a folder written before
+    retention was saved) or it is damaged."""
+    try:
+        data = json.loads((folder / RETAINED_FILE).read_text())
+        saved = data["retained"]
+        return [item for item in saved if isinstance(item, dict)] if isinstance(saved, list) else []
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError, KeyError, TypeError):
+        logger.warning("KV disk tier: %s is damaged; retentions before the restart are lost", RETAINED_FILE)
+        return []
+
+
 def read_kv_key(path: Path, digest: str, encoding: str) -> StoredKey | None:
     """The run a file holds, from its header alone; None for a file of another folder or encoding
     (written with another --kv-host-tier-dtype), or one whose header is damaged."""

@@ -10,11 +10,17 @@ Bounded like the pool's pins: each tier evicts unretained copies first (least re
 first), and keeps retained ones only within `RETAINED_SHARE` of its room; past that share, the
 lowest priority, then the oldest, are evicted like the rest. A retention expires on its own:
 an expired one simply no longer protects anything. Everything here runs under KVTiers' lock.
+
+Retention outlives a restart with the disk tier: `saved()` gives the live retentions with their
+expiry as wall-clock time, KVTiers writes them beside the files (kv_files.write_retained) and a
+restarted server `load`s them back before it restores the files, so a retained prefix keeps its
+deadline (not a fresh one, and not none).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -23,6 +29,7 @@ import numpy as np
 
 from radix.tiers import StoredKey
 
+logger = logging.getLogger(__name__)
 RETAINED_SHARE = 0.25  # of each tier's room (the pool's pins hold at most a quarter of it too)
 _order = itertools.count()
 
@@ -62,16 +69,51 @@ class TierRetention:
             if asked.covers(key):
                 self._mark(name, asked, handle)
 
-    def forget(self, name: str) -> None:
+    def saved(self) -> list[dict[str, object]]:
+        """The live retentions, JSON-able, each with its expiry as wall-clock time (time.time())."""
+        self._drop_expired()
+        now, wall = time.monotonic(), time.time()
+        return [{"name": name, "extra_key": a.extra_key, "path": a.path.tolist(),
+                 "expires_at": wall + (a.expires - now), "priority": a.priority}
+                for name, a in sorted(self._asked.items(), key=lambda item: item[1].order)]
+
+    def load(self, saved: list[dict[str, object]]) -> int:
+        """Retentions from `saved()` of an earlier process (before its copies are stored again);
+        those expired meanwhile, or malformed, are skipped. How many were taken."""
+        now, wall = time.monotonic(), time.time()
+        taken = 0
+        for item in saved:
+            try:
+                expires = now + (float(item["expires_at"]) - wall)  # type: ignore[arg-type]
+                path = np.asarray(item["path"], dtype=np.int64)
+                name, priority = str(item["name"]), int(item["priority"])  # type: ignore[call-overload]
+                extra_key = item["extra_key"]
+            except (KeyError, TypeError, ValueError):
+                logger.warning("KV disk tier: a saved retention is malformed; skipped")
+                continue
+            if expires > now:
+                self.retain(name, extra_key, path, expires, priority, ())
+                taken += 1
+        return taken
+
+    def expiry(self, handle: int) -> float | None:
+        """When the latest live retention of a copy ends (time.monotonic()); None: not retained."""
+        now = time.monotonic()
+        ends = [self._asked[n].expires for n in self._by_handle.get(handle, ()) if self._asked[n].expires > now]
+        return max(ends, default=None)
+
+    def forget(self, name: str) -> bool:
+        """End a retention; False when there was none of that name."""
         asked = self._asked.pop(name, None)
         if asked is None:
-            return
+            return False
         for handle in asked.handles:
             names = self._by_handle.get(handle)
             if names is not None:
                 names.discard(name)
                 if not names:
                     del self._by_handle[handle]
+        return True
 
     def stored(self, handle: int, key: StoredKey) -> None:
         """A new copy: retained if a live retention covers it."""

@@ -13,7 +13,9 @@
   skipped (and deleted) when it is read, so its prefix is recomputed, never served. The header
   names the encoding (the host tier's dtype); a file of another encoding is never read.
 - Retention (runtime/kv/tier_retention.py): copies within a retained prefix are evicted last from
-  each tier, within a bounded share of it, until their retention expires.
+  each tier, within a bounded share of it, until their retention expires. With a disk tier the
+  live retentions (wall-clock expiry) are recorded in `<dir>/<digest>/retained.json`, so a
+  restarted server keeps them until the same deadline.
 - Prefetch: a queued request's prefix that is only on disk is read by a background thread
   (`prefetch`), so that promoting it at admission copies from memory; a load waits for a read
   already under way instead of reading twice. Prefetched copies are held (at most a pool's worth
@@ -43,7 +45,7 @@ import torch
 
 from radix.tiers import StoredKey
 from runtime.kv.host_codec import HostCodec, HostCopy
-from runtime.kv.kv_files import kv_digest, read_kv_file, read_kv_key, write_kv_file
+from runtime.kv.kv_files import kv_digest, read_kv_file, read_kv_key, read_retained, write_kv_file, write_retained
 from runtime.kv.pool import KVPool
 from runtime.kv.tier_copy import copy_engine
 from runtime.kv.tier_retention import RETAINED_SHARE, TierRetention
@@ -51,6 +53,7 @@ from runtime.kv.tier_retention import RETAINED_SHARE, TierRetention
 logger = logging.getLogger(__name__)
 __all__ = ["KVTiers", "TierConfig", "TierStats", "kv_digest"]  # kv_digest: re-exported
 MAX_QUEUED_WRITES = 256
+_SAVE_RETAINED = -2  # a marker on the writer's queue: record the retentions (kv_files.write_retained)
 GiB = 2**30
 
 
@@ -111,6 +114,7 @@ class KVTiers:
         self._lock = threading.Lock()
         self.folder: Path | None = None
         self._writes: queue.Queue[int | None] = queue.Queue()
+        self._retained_dirty = False
         self._writer: threading.Thread | None = None
         if config.disk_dir is not None:
             self.folder = Path(config.disk_dir) / config.digest
@@ -225,10 +229,18 @@ class KVTiers:
         with self._lock:
             self.retention.retain(name, extra_key, np.asarray(token_ids, dtype=np.int64), expires, priority,
                                   ((h, e.key) for h, e in self._entries.items()))
+        self._save_retained()
 
     def unretain(self, name: str) -> None:
         with self._lock:
-            self.retention.forget(name)
+            forgotten = self.retention.forget(name)
+        if forgotten:
+            self._save_retained()
+
+    def retained_until(self, handle: object) -> float | None:
+        """When a copy's retention on the tiers ends (time.monotonic()); None: not retained."""
+        with self._lock:
+            return self.retention.expiry(handle)  # type: ignore[arg-type]
 
     def is_retained(self, handle: object) -> bool:
         with self._lock:
@@ -252,6 +264,8 @@ class KVTiers:
             return []
         for tmp in self.folder.glob("*.tmp"):  # a write that never finished (the process was killed)
             tmp.unlink(missing_ok=True)
+        with self._lock:  # before the copies come back, so that the retained ones are marked (and kept)
+            self.retention.load(read_retained(self.folder))
         found: list[tuple[float, Path, StoredKey]] = []
         for path in self.folder.glob("*.kv"):
             key = self._read_key(path)
@@ -436,6 +450,9 @@ class KVTiers:
             if handle == -1:
                 self._flushed.set()
                 continue
+            if handle == _SAVE_RETAINED:
+                self._write_retained()
+                continue
             try:
                 self._write(handle)
             except Exception:  # noqa: BLE001 - a failed write only costs a recompute later
@@ -463,6 +480,22 @@ class KVTiers:
             self.stats.writes += 1
             self.stats.write_bytes += size
             self._fit_disk()
+
+    def _save_retained(self) -> None:
+        """Have the writer record the live retentions beside the files (a restart keeps them)."""
+        if self.folder is not None and not self._retained_dirty:
+            self._retained_dirty = True  # (several changes before the writer gets to it: one write)
+            self._writes.put(_SAVE_RETAINED)
+
+    def _write_retained(self) -> None:
+        with self._lock:
+            self._retained_dirty = False
+            saved = self.retention.saved()
+        assert self.folder is not None
+        try:
+            write_retained(self.folder, saved)
+        except (OSError, TypeError, ValueError):  # (a namespace JSON cannot hold: not kept past a restart)
+            logger.exception("KV disk tier: the retentions could not be saved")
 
     def _read_key(self, path: Path) -> StoredKey | None:
         return read_kv_key(path, self.config.digest, self.codec.name)

@@ -126,6 +126,67 @@ def test_a_retained_prefix_is_evicted_last_from_the_disk_tier(tmp_path: Path) ->
     restarted.close()
 
 
+def one_file_bytes(tmp_path: Path) -> int:
+    probe, docs = make_kv(TierConfig(disk_dir=tmp_path / "probe", digest="d")), Docs()
+    docs.compute(probe, 0)
+    assert probe.tiers is not None
+    probe.tiers.flush()
+    size = probe.tiers.disk_bytes()
+    probe.close()
+    return size
+
+
+def wall_deadline(kv: KVManager, ids: list[int]) -> float | None:
+    """The wall-clock end of the retention on the (one) lower-tier copy of `ids`."""
+    assert kv.tiers is not None
+    (handle,) = kv.cache.demoted_on_path(ids)
+    until = kv.tiers.retained_until(handle)
+    return None if until is None else time.time() + (until - time.monotonic())
+
+
+def test_a_tier_retention_keeps_its_deadline_across_a_restart(tmp_path: Path) -> None:
+    config = TierConfig(disk_dir=tmp_path / "run", digest="d", disk_bytes=int(4.5 * one_file_bytes(tmp_path)))
+    kv, docs = make_kv(config), Docs()
+    first, second = docs.compute(kv, 0), docs.compute(kv, 1)
+    assert kv.tiers is not None
+    deadline = time.time() + 60
+    kv.tiers.retain("keep", None, first, time.monotonic() + 60)
+    kv.tiers.retain("brief", None, second, time.monotonic() + 0.05)
+    kv.close()
+    time.sleep(0.1)  # "brief" is over before the restart
+    restarted = make_kv(config)
+    kept = wall_deadline(restarted, first)
+    assert kept is not None and abs(kept - deadline) < 5  # the same deadline, not a fresh one
+    assert wall_deadline(restarted, second) is None
+    for i in range(2, 10):  # the restarted disk tier overflows: the retained prefix is kept
+        docs.compute(restarted, i)
+        assert restarted.tiers is not None
+        restarted.tiers.flush()
+    assert docs.served(restarted, first)
+    assert not docs.served(restarted, second)
+    restarted.close()
+
+
+@pytest.mark.parametrize("record", ["absent", "damaged"])
+def test_files_without_a_retention_record_still_load(tmp_path: Path, record: str) -> None:
+    config = TierConfig(disk_dir=tmp_path, digest="d")
+    kv, docs = make_kv(config), Docs()
+    first = docs.compute(kv, 0)
+    assert kv.tiers is not None and kv.tiers.folder is not None
+    kv.tiers.retain("keep", None, first, time.monotonic() + 60)
+    kv.close()
+    saved = kv.tiers.folder / "retained.json"
+    assert "expires_at" in saved.read_text()
+    if record == "absent":
+        saved.unlink()  # a folder written before retention was recorded
+    else:
+        saved.write_text('{"retained": [{"name": "keep", "path": "x"}]')
+    restarted = make_kv(config)
+    assert wall_deadline(restarted, first) is None
+    assert docs.served(restarted, first)
+    restarted.close()
+
+
 @pytest.mark.parametrize("disk", [False, True])
 def test_a_split_copy_promotes_the_shared_part_and_keeps_the_rest(tmp_path: Path, disk: bool) -> None:
     config = TierConfig(host_tokens=0 if disk else 64, disk_dir=tmp_path if disk else None, digest="d")
