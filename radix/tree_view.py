@@ -41,7 +41,8 @@ def check_page(offset: object, limit: object) -> tuple[int, int]:
 def cache_snapshot(cache: object, offset: int = 0, limit: int = DEFAULT_LIMIT,
                    retained: Mapping[object, float] | None = None,
                    capacities: Mapping[str, int] | None = None, now: float | None = None,
-                   tier_of: Callable[[object], str | None] | None = None) -> dict[str, Any]:
+                   tier_of: Callable[[object], str | None] | None = None,
+                   tier_retained: Callable[[object], float | None] | None = None) -> dict[str, Any]:
     """One page of the tree's nodes and per-tier totals.
 
     cache: a RadixCache (anything without `roots()`, e.g. NoPrefixCache, has an empty tree).
@@ -49,6 +50,8 @@ def cache_snapshot(cache: object, offset: int = 0, limit: int = DEFAULT_LIMIT,
         retained as long as it is (they hold its prefix), so the latest expiry is propagated up.
     capacities: tier name -> slots (tokens) that tier can hold, for the fill bars.
     tier_of: a demoted node's handle -> the lower tier holding its KV (runtime/kv/tiers.py).
+    tier_retained: a demoted node's handle -> when its retention on the lower tiers ends
+        (time.monotonic(); None: not retained), so host and disk nodes show theirs too.
     """
     offset, limit = check_page(offset, limit)
     now = time.monotonic() if now is None else now
@@ -70,7 +73,12 @@ def cache_snapshot(cache: object, offset: int = 0, limit: int = DEFAULT_LIMIT,
             totals["nodes"] += 1
             totals["tokens"] += tokens
         if offset <= index < offset + limit:
-            nodes.append(_describe(node, parent_id, is_root, tier, tokens, expiry.get(node), now))
+            expires = expiry.get(node)
+            handle = getattr(node, "handle", None)
+            if tier != DEFAULT_TIER and tier_retained is not None and handle is not None:
+                below = tier_retained(handle)
+                expires = below if expires is None or (below is not None and below > expires) else expires
+            nodes.append(_describe(node, parent_id, is_root, tier, tokens, expires, now))
         index += 1
         children = sorted(node.children.values(), key=lambda c: c.key[:KEY_PREVIEW_TOKENS].tolist())  # type: ignore[attr-defined]
         stack.extend((child, node.uid) for child in reversed(children))  # type: ignore[attr-defined]

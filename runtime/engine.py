@@ -278,7 +278,8 @@ class Engine:
                 if tiers is not None and tiers.config.host_tokens:
                     capacities["host"] = tiers.config.host_tokens
                 page = cache_snapshot(kv.cache, offset, limit, retained=pins.retained(), capacities=capacities,
-                                      tier_of=tiers.tier_of if tiers is not None else None)
+                                      tier_of=tiers.tier_of if tiers is not None else None,
+                                      tier_retained=tiers.retained_until if tiers is not None else None)
                 if tiers is not None and tiers.folder is not None:  # the disk tier's fill is in bytes
                     disk = page["tiers"].setdefault("disk", {"nodes": 0, "tokens": 0, "capacity": 0})
                     disk.update(bytes=tiers.disk_bytes(), capacity_bytes=tiers.config.disk_bytes)

@@ -104,6 +104,7 @@ class _NodeCounter(HTMLParser):
         super().__init__()
         self.node_ids: list[int] = []
         self.tier_rows: list[str] = []
+        self.drawn_retained: list[int] = []
         self.loaded = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
@@ -112,6 +113,8 @@ class _NodeCounter(HTMLParser):
             self.node_ids.append(int(found["data-node-id"] or -1))
         if found.get("data-tier") is not None and "bar-row" in (found.get("class") or ""):
             self.tier_rows.append(found["data-tier"] or "")
+        if found.get("data-node-id") is not None and "retained" in (found.get("class") or "").split():
+            self.drawn_retained.append(int(found["data-node-id"] or -1))
         if tag == "body" and found.get("data-loaded") == "true":
             self.loaded = True
 
@@ -166,3 +169,44 @@ def test_tiers_in_the_view_and_the_metrics(tiered: RunningServer) -> None:
     assert samples[("radixserve_kv_tier_hit_tokens_total", "host")] >= 40
     assert samples[("radixserve_kv_tier_tokens", "host")] > 0
     assert ("radixserve_kv_tier_disk_prefetched_total", None) in samples
+
+
+@pytest.fixture(scope="module")
+def restarted(tiny_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A server with a disk tier retains a prompt (`retention_seconds`), stops, and a new one starts
+    on the same folder: the tree comes back on the disk tier, with the retention's own deadline."""
+    disk = tmp_path_factory.mktemp("kv-disk")
+    kwargs = dict(model=str(tiny_folder), dtype="float32", kv_cache_tokens=320, kv_disk_dir=str(disk))
+    with Engine(**kwargs) as engine, serve(engine, served_model_name="tiny") as first:
+        response = httpx.post(f"{first.url}/generate", json={"input_ids": PREFIX + [60], "retention_seconds": 600,
+                                                              "sampling_params": {"max_new_tokens": 2, "temperature": 0}},
+                              timeout=60)
+        assert response.status_code == 200, response.text
+        _generate(first.url, [7] * 20)  # not retained
+    with Engine(**kwargs) as engine, serve(engine, served_model_name="tiny") as running:
+        yield running
+
+
+def test_disk_nodes_show_their_retention_after_a_restart(restarted: RunningServer) -> None:
+    nodes, page = _all_nodes(restarted.url)
+    disk = [n for n in nodes if n["tier"] == "disk"]
+    assert disk and page["tiers"]["disk"]["tokens"] == sum(n["tokens"] for n in disk)
+    retained = [n for n in disk if n["retained_for_s"] is not None]
+    assert retained and all(500 < n["retained_for_s"] <= 600 for n in retained)
+    assert [n["key_preview"] for n in retained] == [PREFIX[:8]]
+    assert any(n["retained_for_s"] is None and n["key_preview"][:1] == [7] for n in disk)
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None,
+                    reason="headless Chromium is not installed (Debian: apt-get install chromium); "
+                           "the page's drawing is not checked")
+def test_page_draws_disk_nodes_in_chromium(restarted: RunningServer) -> None:
+    nodes, _ = _all_nodes(restarted.url)
+    dom = _chromium("--dump-dom", f"{restarted.url}/cache/view")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    parsed = _NodeCounter()
+    parsed.feed(dom.stdout)
+    assert parsed.loaded and sorted(parsed.node_ids) == sorted(n["id"] for n in nodes)
+    assert "disk" in parsed.tier_rows
+    retained = {n["id"] for n in nodes if n["retained_for_s"] is not None}
+    assert retained and retained == set(parsed.drawn_retained)  # drawn with the retained outline
