@@ -426,8 +426,8 @@ class RadixCache(BasePrefixCache):
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut `child` (on the device) after `n` tokens; return the new upper node (same locks,
-        same access time). A lower-tier copy of the whole no longer matches either part: it is
-        released, and each part gets its own copy where the tier keeps copies of live KV."""
+        same access time). A lower-tier copy of the whole is split on its tier too (or, where the
+        tier no longer has it, each part gets its own copy where the tier keeps copies of live KV)."""
         parent = child.parent
         assert parent is not None and 0 < n < len(child) and child.on_device
         upper = TreeNode(child.key[:n], child.value[:n], parent,
@@ -436,10 +436,16 @@ class RadixCache(BasePrefixCache):
         parent.children[self._child_key(child.key, 0)] = upper
         child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
         upper.children[self._child_key(child.key, 0)] = child
-        if child.handle is not None:
-            self._set_handle(child, None)
-            self._copy_down(upper)
-            self._copy_down(child)
+        if child.handle is not None:  # its lower-tier copy is split likewise (a file's parts stay in it)
+            parts = self.lower.split(child.handle, n) if self.lower is not None else None
+            self._by_handle.pop(child.handle, None)
+            child.handle = None  # the tier let go of the whole's handle either way
+            if parts is not None:
+                self._set_handle(upper, parts[0])
+                self._set_handle(child, parts[1])
+            else:
+                self._copy_down(upper)
+                self._copy_down(child)
         return upper
 
     def _split_demoted(self, child: TreeNode, n: int) -> TreeNode | None:

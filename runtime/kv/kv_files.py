@@ -1,9 +1,15 @@
 """The disk tier's files: one file per cached run of tokens, and the digest that names their folder.
 
 A file is `MAGIC`, an 8-byte header length, a JSON header (the folder's digest, the run's key,
-the encoding, the shape, the SHA-256 of the payload) and the payload: the HostCopy's tensors in
-file order. It is written to a temporary name and renamed, so a reader sees all of it or none;
-a torn, truncated, flipped or foreign file reads as None (and goes), never as KV.
+the encoding, the shape, the block size and the SHA-256 of each block) and the payload: blocks of
+`BLOCK_TOKENS` tokens, each holding the HostCopy's tensors for its tokens in file order. It is
+written to a temporary name and renamed, so a reader sees all of it or none; a torn, truncated,
+flipped or foreign file reads as None (and goes), never as KV.
+
+Blocks let a file be read in part (`DiskRun`: a run of its tokens): a copy split in two (a prompt
+shares only the first part of a demoted node) keeps both parts in the same file, and a read of
+a part reads and checks only the blocks it covers. Files of the first format (`RSKV1`: one
+checksum over part-major tensors) are read as one block.
 runtime/kv/tiers.py decides which runs are written, read and dropped; this file only holds the
 format.
 """
@@ -15,6 +21,7 @@ import json
 import logging
 import os
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,22 +31,50 @@ from radix.tiers import StoredKey
 from runtime.kv.host_codec import HostCodec, HostCopy
 
 logger = logging.getLogger(__name__)
-MAGIC = b"RSKV1\n"
+MAGIC = b"RSKV2\n"
+MAGIC_V1 = b"RSKV1\n"  # one checksum over the whole payload: read as a single block
+BLOCK_TOKENS = 16  # tokens per checksummed block (a part of a file is read by whole blocks)
 
 
-def write_kv_file(folder: Path, digest: str, key: StoredKey, encoding: str, copy: HostCopy) -> Path:
-    """Write one run's copy under a fresh name in `folder`; returns its path."""
-    payload = b"".join(_tensor_bytes(t) for t in copy.wait().parts())
+@dataclass(frozen=True)
+class DiskRun:
+    """Tokens [first, first + count) of the run a file holds (`file_tokens`, `file_bytes` in all)."""
+
+    path: Path
+    first: int
+    count: int
+    file_tokens: int
+    file_bytes: int
+
+    def part(self, start: int, stop: int) -> DiskRun:
+        """Tokens [start, stop) of this run, in the same file."""
+        assert 0 <= start < stop <= self.count
+        return DiskRun(self.path, self.first + start, stop - start, self.file_tokens, self.file_bytes)
+
+    @property
+    def share(self) -> int:
+        """The file's bytes this run accounts for (the whole file's, for the whole run)."""
+        return self.file_bytes * self.count // self.file_tokens
+
+
+def write_kv_file(folder: Path, digest: str, key: StoredKey, encoding: str, copy: HostCopy,
+                  block_tokens: int = BLOCK_TOKENS) -> DiskRun:
+    """Write one run's copy under a fresh name in `folder`; the whole run, in that file."""
+    parts = copy.wait().parts()
+    tokens = copy.tokens
+    blocks = [b"".join(_tensor_bytes(t[:, b : b + block_tokens]) for t in parts) for b in range(0, tokens, block_tokens)]
     header = json.dumps({
         "digest": digest, "extra_key": key.extra_key, "path": key.path.tolist(),
-        "start": key.start, "dtype": encoding, "shape": list(copy.k.shape),
-        "sha256": hashlib.sha256(payload).hexdigest()}).encode()
+        "start": key.start, "dtype": encoding, "shape": list(copy.k.shape), "block_tokens": block_tokens,
+        "block_sha256": [hashlib.sha256(block).hexdigest() for block in blocks]}).encode()
     path = folder / f"{uuid.uuid4().hex}.kv"
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as out:
-        out.write(MAGIC + len(header).to_bytes(8, "little") + header + payload)
+        out.write(MAGIC + len(header).to_bytes(8, "little") + header)
+        for block in blocks:
+            out.write(block)
     os.replace(tmp, path)  # atomic: a reader sees the whole file or none
-    return path
+    return DiskRun(path, 0, tokens, tokens, path.stat().st_size)
 
 
 RETAINED_FILE = "retained.json"  # the live retentions (tier_retention.py), beside the files
@@ -69,7 +104,11 @@ def read_retained(folder: Path) -> list[dict[str, object]]:
 def read_kv_key(path: Path, digest: str, encoding: str) -> StoredKey | None:
     """The run a file holds, from its header alone; None for a file of another folder or encoding
     (written with another --kv-host-tier-dtype), or one whose header is damaged."""
-    header = _read_header(path)
+    try:
+        with open(path, "rb") as f:
+            header = _read_header(f)
+    except OSError:
+        return None
     if header is None or header.get("digest") != digest or header.get("dtype") != encoding:
         return None
     try:
@@ -78,66 +117,97 @@ def read_kv_key(path: Path, digest: str, encoding: str) -> StoredKey | None:
         return None
 
 
-def read_kv_file(path: Path, codec: HostCodec) -> HostCopy | None:
-    """The file's KV if it is whole, of this codec's encoding and its checksum holds; None
-    otherwise (and it goes).
-    Read once into one buffer, checked and viewed in place: no copies of the KV on the way."""
+def read_kv_file(path: Path, codec: HostCodec, first: int = 0, count: int | None = None) -> HostCopy | None:
+    """Tokens [first, first + count) of the file's KV (all of them by default) if the file is
+    whole, of this codec's encoding, and the checksums of the blocks they lie in hold; None
+    otherwise (and the file goes: a damaged block is never served, whichever run reads it).
+    The blocks read are checked and viewed in place: a read of one block copies no KV."""
     try:
-        data = bytearray(path.stat().st_size)
         with open(path, "rb") as f:
+            found = _layout(f, os.fstat(f.fileno()).st_size, codec)
+            if found is None:
+                raise ValueError("not a whole file of this encoding")
+            start, shape, sizes, block, hashes = found
+            tokens = shape[1]
+            count = tokens - first if count is None else count
+            if not (0 <= first and 0 < count and first + count <= tokens):
+                raise ValueError(f"tokens [{first}, {first + count}) of a {tokens}-token file")
+            i0, i1 = first // block, -(-(first + count) // block)
+            per_token = sum(sizes)
+            f.seek(start + i0 * block * per_token)
+            data = bytearray((min(i1 * block, tokens) - i0 * block) * per_token)
             if f.readinto(data) != len(data):
-                raise OSError("short read")
-    except OSError:
-        return None
-    view = memoryview(data)
-    header = _read_header(path, view)
-    if header is None:
-        path.unlink(missing_ok=True)
-        return None
-    start = len(MAGIC) + 8 + int.from_bytes(view[len(MAGIC) : len(MAGIC) + 8], "little")
-    try:
-        layout = codec.layout(tuple(int(d) for d in header["shape"]))
-    except (KeyError, TypeError, ValueError):
-        layout = []
-    sizes = [int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size() for dtype, shape in layout]
-    if header.get("dtype") != codec.name or not layout or sum(sizes) != len(data) - start \
-            or hashlib.sha256(view[start:]).hexdigest() != header.get("sha256"):
+                raise ValueError("short read")
+    except (OSError, ValueError):
         logger.warning("KV disk tier: %s is corrupt, torn or of another encoding; its prefix will be recomputed",
                        path.name)
         path.unlink(missing_ok=True)
         return None
-    parts = []
-    for (dtype, shape), size in zip(layout, sizes):
-        # viewed in place (the buffer is ours alone): no copy of the KV on the way
-        parts.append(torch.frombuffer(data, dtype=torch.uint8, count=size, offset=start).view(dtype).reshape(shape))
-        start += size
+    view = memoryview(data)
+    pieces: list[list[torch.Tensor]] = [[] for _ in sizes]
+    offset = 0
+    for i in range(i0, i1):
+        n = min(block, tokens - i * block)  # the last block may be short
+        if hashlib.sha256(view[offset : offset + n * per_token]).hexdigest() != hashes[i]:
+            logger.warning("KV disk tier: block %d of %s is corrupt; its prefix will be recomputed", i, path.name)
+            path.unlink(missing_ok=True)
+            return None
+        for p, ((dtype, part_shape), size) in enumerate(zip(codec.layout(shape), sizes)):
+            # viewed in place (the buffer is ours alone): no copy of the KV on the way
+            t = torch.frombuffer(data, dtype=torch.uint8, count=n * size, offset=offset)
+            pieces[p].append(t.view(dtype).reshape(part_shape[0], n, *part_shape[2:]))
+            offset += n * size
+    skip = first - i0 * block
+    parts = [(p[0] if len(p) == 1 else torch.cat(p, dim=1))[:, skip : skip + count] for p in pieces]
     return HostCopy(*parts)
+
+
+def _layout(f: object, size: int, codec: HostCodec) -> tuple[int, tuple[int, ...], list[int], int, list[str]] | None:
+    """From an open file's header: where the payload starts, the K/V shape, each part's bytes per
+    token, the block size and the blocks' checksums; None for a file that is not a whole one of
+    this codec's encoding (a damaged header, a payload of the wrong size: torn or truncated)."""
+    header = _read_header(f)
+    if header is None or header.get("dtype") != codec.name:
+        return None
+    try:
+        shape = tuple(int(d) for d in header["shape"])
+        layout = codec.layout(shape)
+        sizes = [int(np.prod(s[:1] + s[2:])) * torch.empty(0, dtype=d).element_size() for d, s in layout]
+        if header["magic"] == MAGIC_V1:
+            block, hashes = shape[1], [str(header["sha256"])]
+        else:
+            block, hashes = int(header["block_tokens"]), [str(h) for h in header["block_sha256"]]
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    start = int(header["payload"])
+    if block < 1 or shape[1] < 1 or len(hashes) != -(-shape[1] // block) or size - start != shape[1] * sum(sizes):
+        return None
+    return start, shape, sizes, block, hashes
 
 
 def _tensor_bytes(t: torch.Tensor) -> bytes:
     return t.contiguous().view(torch.uint8).numpy().tobytes()
 
 
-def _read_header(path: Path, data: bytes | memoryview | None = None) -> dict | None:
+def _read_header(f: object) -> dict | None:
+    """The JSON header of an open file (either format), with `magic` and `payload` (where the
+    payload starts) added; None when it is not one of ours or is damaged."""
     try:
-        if data is None:
-            with open(path, "rb") as f:
-                data = f.read(len(MAGIC) + 8)
-                if data[: len(MAGIC)] != MAGIC:
-                    return None
-                size = int.from_bytes(data[len(MAGIC) :], "little")
-                raw = f.read(size)
-        else:
-            if bytes(data[: len(MAGIC)]) != MAGIC:
-                return None
-            size = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 8], "little")
-            raw = bytes(data[len(MAGIC) + 8 : len(MAGIC) + 8 + size])
+        head = f.read(len(MAGIC) + 8)  # type: ignore[attr-defined]
+        magic = bytes(head[: len(MAGIC)])
+        if magic not in (MAGIC, MAGIC_V1) or len(head) != len(MAGIC) + 8:
+            return None
+        size = int.from_bytes(head[len(MAGIC) :], "little")
+        raw = f.read(size)  # type: ignore[attr-defined]
         if len(raw) != size:
             return None
         header = json.loads(raw)
-        return header if isinstance(header, dict) else None
     except (OSError, ValueError):
         return None
+    if not isinstance(header, dict):
+        return None
+    header.update(magic=magic, payload=len(MAGIC) + 8 + size)
+    return header
 
 
 def kv_digest(model_path: Path, dtype: torch.dtype, page_size: int, load_format: str,

@@ -9,9 +9,9 @@
   background thread, to one file under `<dir>/<digest>/`, so a restarted server finds its
   prefixes. `digest` names everything that changes KV (kv_digest): another model, dtype, page
   size or tokenizer reads another folder and never these files. A file is written to a temporary
-  name and renamed, and carries the SHA-256 of its payload: a torn, truncated or flipped file is
-  skipped (and deleted) when it is read, so its prefix is recomputed, never served. The header
-  names the encoding (the host tier's dtype); a file of another encoding is never read.
+  name and renamed, and carries the SHA-256 of each block of its payload: a torn, truncated or
+  flipped file is skipped (and deleted) when it is read, so its prefix is recomputed, never
+  served. The header names the encoding (the host tier's dtype); a file of another encoding is never read.
 - Retention (runtime/kv/tier_retention.py): copies within a retained prefix are evicted last from
   each tier, within a bounded share of it, until their retention expires. With a disk tier the
   live retentions (wall-clock expiry) are recorded in `<dir>/<digest>/retained.json`, so a
@@ -20,8 +20,10 @@
   (`prefetch`), so that promoting it at admission copies from memory; a load waits for a read
   already under way instead of reading twice. Prefetched copies are held (at most a pool's worth
   of tokens) until loaded, then let go: the file stays.
-- A copy can be split in two (a prompt shares only the first part of a demoted node): each part
-  gets its own copy (and file), the whole's goes.
+- A copy can be split in two (a prompt shares only the first part of a node): a written copy's
+  parts stay in its file, each a run of its tokens (kv_files.DiskRun; the file goes with the last
+  run), so nothing is read or written; a copy not yet written is cut in memory and each part
+  written anew. After a restart such a file comes back as the whole run it was written for.
 - Copies to and from the pool go through a copy engine (runtime/kv/tier_copy.py): plain copies
   on the CPU; on CUDA, pinned host memory and a copy stream whose events the next step waits on
   (`before_step`, called by the model runner before every forward).
@@ -45,7 +47,7 @@ import torch
 
 from radix.tiers import StoredKey
 from runtime.kv.host_codec import HostCodec, HostCopy
-from runtime.kv.kv_files import kv_digest, read_kv_file, read_kv_key, read_retained, write_kv_file, write_retained
+from runtime.kv.kv_files import DiskRun, kv_digest, read_kv_file, read_kv_key, read_retained, write_kv_file, write_retained
 from runtime.kv.pool import KVPool
 from runtime.kv.tier_copy import copy_engine
 from runtime.kv.tier_retention import RETAINED_SHARE, TierRetention
@@ -76,7 +78,7 @@ class _Entry:
     key: StoredKey
     tokens: int
     host: HostCopy | None = None
-    disk: Path | None = None  # the written file
+    disk: DiskRun | None = None  # its tokens in a written file (a split copy's parts share one)
     writing: bool = False
     released: bool = False
     prefetch: threading.Event | None = None  # set when a background read of its file is done
@@ -103,7 +105,8 @@ class KVTiers:
         self.retention = TierRetention()
         self._entries: dict[int, _Entry] = {}
         self._host_lru: OrderedDict[int, None] = OrderedDict()
-        self._disk_lru: OrderedDict[int, int] = OrderedDict()  # handle -> file bytes
+        self._disk_lru: OrderedDict[int, int] = OrderedDict()  # handle -> its share of its file's bytes
+        self._file_refs: dict[Path, int] = {}  # a file -> the entries whose runs lie in it
         self._host_tokens = 0
         self._disk_bytes = 0
         self._dropped: list[int] = []
@@ -203,13 +206,17 @@ class KVTiers:
         return queued
 
     def split(self, handle: object, n: int) -> tuple[object, object] | None:
-        """Two handles for the first `n` tokens of a handle's KV and the rest, in place of it
-        (its file goes, each part is written anew); None when the tier no longer has it intact."""
+        """Two handles for the first `n` tokens of a handle's KV and the rest, in place of it;
+        None when the tier no longer has it intact. A written copy's parts stay in its file (each
+        a run of its tokens: nothing is read or written); a copy not yet written is cut in memory
+        and each part written anew."""
         with self._lock:
             entry = self._entries.get(handle)  # type: ignore[arg-type]
             if entry is None:
                 return None
             host, disk, in_host = entry.host, entry.disk, handle in self._host_lru
+            if disk is not None:
+                return self._split_in_file(handle, entry, n, in_host)
         copy = host if host is not None else self._read(disk) if disk is not None else None
         with self._lock:
             if copy is None:
@@ -222,6 +229,19 @@ class KVTiers:
             lower = StoredKey(key.extra_key, key.path, key.start + n)
             return (self._add(upper, copy.slice(0, n), in_host),
                     self._add(lower, copy.slice(n, copy.tokens), in_host))
+
+    def _split_in_file(self, handle: object, entry: _Entry, n: int, in_host: bool) -> tuple[int, int]:
+        """Under the lock: the parts of a written copy, as runs of the same file (a host copy, if
+        the host tier has one, is cut in two alongside)."""
+        assert entry.disk is not None
+        run, key = entry.disk, entry.key
+        host = entry.host if in_host else None
+        self._file_refs[run.path] = self._file_refs.get(run.path, 1) + 2  # the parts'; the whole's goes next
+        self._forget(handle)  # type: ignore[arg-type]
+        upper = StoredKey(key.extra_key, key.path[: key.start + n], key.start)
+        lower = StoredKey(key.extra_key, key.path, key.start + n)
+        return (self._add_run(upper, run.part(0, n), host.slice(0, n) if host is not None else None),
+                self._add_run(lower, run.part(n, run.count), host.slice(n, host.tokens) if host is not None else None))
 
     def retain(self, name: str, extra_key: object, token_ids: object, expires: float, priority: int = 0) -> None:
         """Keep the copies within this prefix (and those stored later) last on every tier until
@@ -266,7 +286,7 @@ class KVTiers:
             tmp.unlink(missing_ok=True)
         with self._lock:  # before the copies come back, so that the retained ones are marked (and kept)
             self.retention.load(read_retained(self.folder))
-        found: list[tuple[float, Path, StoredKey]] = []
+        found: list[tuple[float, Path, StoredKey]] = []  # (the runs of a split copy come back whole)
         for path in self.folder.glob("*.kv"):
             key = self._read_key(path)
             if key is None:
@@ -277,12 +297,8 @@ class KVTiers:
         restored = []
         with self._lock:
             for _, path, key in sorted(found, key=lambda item: item[0]):
-                handle = next(self._ids)
                 tokens = len(key.path) - key.start
-                self._entries[handle] = _Entry(key, tokens, disk=path)
-                self.retention.stored(handle, key)
-                self._disk_lru[handle] = path.stat().st_size
-                self._disk_bytes += path.stat().st_size
+                handle = self._add_run(key, DiskRun(path, 0, tokens, tokens, path.stat().st_size), None)
                 restored.append((key, handle))
             self._fit_disk()
             restored = [(k, h) for k, h in restored if h in self._entries]
@@ -367,7 +383,7 @@ class KVTiers:
         if size is not None:
             self._disk_bytes -= size
         if entry.disk is not None:
-            entry.disk.unlink(missing_ok=True)
+            self._unref(entry.disk)
 
     def _fit_host(self) -> None:
         """Evict least recently used copies until the host tier fits: unretained ones first, and
@@ -404,10 +420,33 @@ class KVTiers:
             if self._prefetched.pop(handle, None) is not None:
                 entry.host = None
             if entry.disk is not None:
-                entry.disk.unlink(missing_ok=True)
+                self._unref(entry.disk)
                 entry.disk = None
             if entry.host is None:
                 self._drop(handle)
+
+    def _add_run(self, key: StoredKey, run: DiskRun, host: HostCopy | None) -> int:
+        """A new entry for a run of a file already written (its reference counted by the caller;
+        a restored file's one reference is this entry's), with a host copy in the host tier's LRU."""
+        handle = next(self._ids)
+        self._entries[handle] = _Entry(key, run.count, host=host, disk=run)
+        self._file_refs.setdefault(run.path, 1)
+        self.retention.stored(handle, key)
+        if host is not None:
+            self._host_lru[handle] = None
+            self._host_tokens += run.count
+        self._disk_lru[handle] = run.share
+        self._disk_bytes += run.share
+        return handle
+
+    def _unref(self, run: DiskRun) -> None:
+        """An entry no longer uses its run of a file: the file goes with the last of them. (Until
+        then the file's bytes stay on disk though the tier counts only its live runs' shares.)"""
+        refs = self._file_refs.pop(run.path, 1) - 1
+        if refs > 0:
+            self._file_refs[run.path] = refs
+        else:
+            run.path.unlink(missing_ok=True)
 
     def _drop(self, handle: int) -> None:
         """The tier lets go of a handle on its own; the tree hears of it through dropped()."""
@@ -424,9 +463,9 @@ class KVTiers:
                 return
             handle, entry = item
             with self._lock:
-                path = None if entry.released else entry.disk
+                run = None if entry.released else entry.disk
             try:  # (a damaged file goes here as on a load; the load then finds it gone)
-                copy = self._read(path) if path is not None else None
+                copy = self._read(run) if run is not None else None
             except Exception:  # noqa: BLE001 - a failed read ahead only costs the load its own read
                 logger.exception("KV disk tier: a prefetch failed")
                 copy = None
@@ -465,14 +504,15 @@ class KVTiers:
                 return
             key, copy = entry.key, entry.host
         assert self.folder is not None
-        path = write_kv_file(self.folder, self.config.digest, key, self.codec.name, copy)
-        size = path.stat().st_size
+        run = write_kv_file(self.folder, self.config.digest, key, self.codec.name, copy)
+        size = run.share
         with self._lock:
             entry.writing = False
             if entry.released:
-                path.unlink(missing_ok=True)
+                run.path.unlink(missing_ok=True)
                 return
-            entry.disk = path
+            entry.disk = run
+            self._file_refs[run.path] = 1
             if handle not in self._host_lru:
                 entry.host = None  # kept only for the write
             self._disk_lru[handle] = size
@@ -500,8 +540,8 @@ class KVTiers:
     def _read_key(self, path: Path) -> StoredKey | None:
         return read_kv_key(path, self.config.digest, self.codec.name)
 
-    def _read(self, path: Path) -> HostCopy | None:
-        return read_kv_file(path, self.codec)
+    def _read(self, run: DiskRun) -> HostCopy | None:
+        return read_kv_file(run.path, self.codec, run.first, run.count)
 
 
 def _first_not_in(lru: OrderedDict[int, object], keep: set[int]) -> int | None:
