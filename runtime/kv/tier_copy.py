@@ -167,7 +167,7 @@ class CudaCopies(SyncCopies):
             parts = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in encoded.parts()]
             for dst, src in zip(parts, encoded.parts()):
                 dst.copy_(src, non_blocking=True)
-            event = self._record((pinned, index, encoded))
+            event = self._record((pinned, index, encoded, parts))
         return HostCopy(*parts, done=_EventDone(event))
 
     def upload(self, pool: KVPool, slots: torch.Tensor, copy: HostCopy, codec: HostCodec) -> None:
