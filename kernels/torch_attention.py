@@ -2,7 +2,8 @@
 
 Extend requests attend causally over their cached prefix plus their own new tokens, one
 `scaled_dot_product_attention` call each (a handful per batch; the loop is over requests, never
-tokens). Decode requests are done together: their KV is gathered into a padded
+tokens). Decode requests are done together: on the CPU by one fused kernel that reads each request's
+slots straight from the pool (kernels/cpu_ops.py), else their KV is gathered into a padded
 [B, kv_heads, L, head_dim] block with a length mask. A sliding window is only a narrower mask,
 and for decode a narrower gather (just the last `window` slots).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu_ops import ops as cpu_ops
 from kernels.metadata import AttentionMetadata
 
 
@@ -34,7 +36,13 @@ class TorchAttentionBackend:
         if meta.num_extend_reqs:
             self._extend(q[:n_ext], k_cache, v_cache, meta, scale, window, out[:n_ext])
         if meta.num_decode_reqs:
-            out[n_ext:] = self._decode(q[n_ext:], k_cache, v_cache, meta, scale, window)
+            ops = cpu_ops() if q.device.type == "cpu" else None
+            if ops is not None:  # the fused kernel reads the pool through the slot table itself
+                first = meta.num_extend_reqs
+                out[n_ext:] = ops.decode_attention(q[n_ext:], k_cache, v_cache, meta.slot_table, meta.rows[first:],
+                                                   meta.seq_lens_t[first:], window or 0, scale)
+            else:
+                out[n_ext:] = self._decode(q[n_ext:], k_cache, v_cache, meta, scale, window)
         return out
 
     def _extend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,

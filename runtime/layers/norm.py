@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from runtime.layers.fused import rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -15,12 +16,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        if self.unit_offset:
-            # Gemma normalises and scales in float32, then casts back (one fused op here).
-            return F.rms_norm(x.float(), (x.shape[-1],), self._scale(), self.eps).to(dtype)
-        normed = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps)
-        return self.weight * normed.to(dtype)
+        # Gemma normalises and scales in float32, then casts back; Llama casts, then weights.
+        return rms_norm(x, self.norm_weight(), self.eps, self.unit_offset)
+
+    def norm_weight(self) -> torch.Tensor:
+        """What runtime/layers/fused.py's norms take: (1 + w) in float32 for Gemma, else w."""
+        return self._scale() if self.unit_offset else self.weight
 
     def _scale(self) -> torch.Tensor:
         """(1 + w) in float32, computed once after the weights are loaded."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+TABLE_MIN_POSITIONS = 4096  # the CPU's cos/sin table starts this long and doubles as positions need
+
 
 def rope_inv_freq(config: object, layer_type: str | None = None) -> tuple[torch.Tensor, float]:
     """(inverse frequencies, attention scaling) for `config`, per layer type where it has several."""
@@ -34,26 +36,34 @@ def _rope_inv_freq(config: object, layer_type: str | None) -> tuple[torch.Tensor
 
 
 class RotaryEmbedding:
-    """Computes cos/sin for a step's positions once; every layer of that RoPE type reuses them."""
+    """Computes cos/sin for a step's positions once; every layer of that RoPE type reuses them.
+    On the CPU they are rows of a table computed once for every position so far (a decode step
+    then reads two rows instead of paying cos, sin and four more ops per RoPE type)."""
 
     def __init__(self, inv_freq: torch.Tensor, scaling: float = 1.0) -> None:
         self.inv_freq = inv_freq
         self.scaling = scaling
         self.rot_dim = 2 * inv_freq.numel()
+        self._tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self.inv_freq.device != positions.device:  # once, at the first step on the model's device
             self.inv_freq = self.inv_freq.to(positions.device)
+        if positions.device.type != "cpu" or positions.numel() == 0:
+            return self._compute(positions, dtype)
+        cos, sin = self._tables.get(dtype, (None, None))
+        top = int(positions.max())
+        if cos is None or sin is None or top >= cos.shape[0]:
+            size = max(TABLE_MIN_POSITIONS, 1 << top.bit_length())
+            cos, sin = self._compute(torch.arange(size, device=positions.device), dtype)
+            self._tables[dtype] = (cos, sin)
+        return cos.index_select(0, positions), sin.index_select(0, positions)
+
+    def _compute(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # elementwise in the position, so a table row equals the row computed alone
         freqs = positions[:, None].float() * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
-
-
-def apply_rotary_qk(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_q_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """q and k rotated together: qk is [T, q_heads + k_heads, head_dim] (the two side by side, as
-    the fused projection lays them out), so a step pays the rotation's ops once, not twice."""
-    rotated = apply_rotary(qk, cos, sin)
-    return rotated[:, :num_q_heads], rotated[:, num_q_heads:]
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from runtime.layers.attention import PagedAttention
+from runtime.layers.fused import add_rms_norm, qk_norm_rope
 from runtime.layers.norm import RMSNorm
-from runtime.layers.rotary import RotaryEmbedding, apply_rotary_qk, rope_inv_freq
+from runtime.layers.rotary import RotaryEmbedding, rope_inv_freq
 from runtime.models.llama import GatedMLP, head_dim_of, layer_window
 from runtime.models.weights import fused_linear, load_into
 
@@ -37,20 +37,20 @@ class Gemma3Attention(nn.Module):
         qk_size = self.sizes[0] + self.sizes[1]
         # q and k heads side by side: normed (each head by its own weights) and rotated as one
         qk = qkv[:, :qk_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary_qk(self._qk_norm(qk), cos, sin, self.num_heads)
+        rotated = qk_norm_rope(qk, self._qk_scale(), cos, sin, self.q_norm.eps)
+        q, k = rotated[:, : self.num_heads], rotated[:, self.num_heads :]
         v = qkv[:, qk_size:].view(-1, self.num_kv_heads, self.head_dim)
         return self.o_proj(self.attn(q, k, v))
 
-    def _qk_norm(self, qk: torch.Tensor) -> torch.Tensor:
-        """q_norm on the q heads and k_norm on the k heads, in float32 like the reference, as one
-        norm and one scale over every head."""
-        scale = getattr(self, "_qk_scale", None)
-        if scale is None or scale.device != qk.device:
+    def _qk_scale(self) -> torch.Tensor:
+        """q_norm's scale on the q heads and k_norm's on the k heads, [heads, head_dim] in float32
+        (the reference norms in float32): one norm and one scale over every head."""
+        scale = getattr(self, "_qk_scale_cache", None)
+        if scale is None or scale.device != self.q_norm.weight.device:
             scale = torch.cat([self.q_norm._scale().expand(self.num_heads, -1),
-                               self.k_norm._scale().expand(self.num_kv_heads, -1)])
-            self._qk_scale = scale
-        normed = F.rms_norm(qk.float(), (self.head_dim,), None, self.q_norm.eps)
-        return normed.mul_(scale).to(qk.dtype)
+                               self.k_norm._scale().expand(self.num_kv_heads, -1)]).contiguous()
+            self._qk_scale_cache = scale
+        return scale
 
 
 class Gemma3DecoderLayer(nn.Module):
@@ -64,10 +64,18 @@ class Gemma3DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(hidden, eps, unit_offset=True)
         self.post_feedforward_layernorm = RMSNorm(hidden, eps, unit_offset=True)
 
-    def forward(self, x: torch.Tensor, rope: dict[bool, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, h: torch.Tensor, rope: dict[bool, tuple[torch.Tensor, torch.Tensor]],
+                next_norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the residual stream; h: this layer's input norm of it. Returns the stream after the
+        layer and `next_norm` of it (the next layer's input norm, or the final norm), each residual
+        add taken together with the norms on both sides of it (runtime/layers/fused.py)."""
         cos, sin = rope[self.self_attn.is_sliding]
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin))
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        eps = self.input_layernorm.eps
+        attn = self.self_attn(h, cos, sin)
+        x, h = add_rms_norm(x, attn, self.post_attention_layernorm.norm_weight(),
+                            self.pre_feedforward_layernorm.norm_weight(), eps, True)
+        mlp = self.mlp(h)
+        return add_rms_norm(x, mlp, self.post_feedforward_layernorm.norm_weight(), next_norm.norm_weight(), eps, True)
 
 
 class Gemma3Model(nn.Module):
@@ -100,9 +108,11 @@ class Gemma3ForCausalLM(nn.Module):
         # that rounded value gives the same products and needs no tensor on any device.
         x = embed * float(torch.tensor(self.embed_scale, dtype=embed.dtype, device="cpu"))
         rope = {sliding: r.cos_sin(positions, x.dtype) for sliding, r in self.rotary.items()}
-        for layer in self.model.layers:
-            x = layer(x, rope)
-        return self.model.norm(x)
+        layers = self.model.layers
+        h = layers[0].input_layernorm(x)
+        for i, layer in enumerate(layers):
+            x, h = layer(x, h, rope, layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm)
+        return h
 
     @property
     def output_weight(self) -> torch.Tensor:

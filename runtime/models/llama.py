@@ -11,7 +11,8 @@ from torch import nn
 from runtime.layers.activation import gated_activation
 from runtime.layers.attention import PagedAttention
 from runtime.layers.norm import RMSNorm
-from runtime.layers.rotary import RotaryEmbedding, apply_rotary, apply_rotary_qk, rope_inv_freq
+from runtime.layers.fused import add_rms_norm, qk_norm_rope
+from runtime.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
 from runtime.models.weights import fused_linear, load_into
 
 
@@ -59,7 +60,8 @@ class LlamaAttention(nn.Module):
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         else:  # q and k side by side in the projection's output: rotated as one
             qk = qkv[:, :qk_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
-            q, k = apply_rotary_qk(qk, cos, sin, self.num_heads)
+            rotated = qk_norm_rope(qk, None, cos, sin, 0.0)
+            q, k = rotated[:, : self.num_heads], rotated[:, self.num_heads :]
         return self.o_proj(self.attn(q, k, v))
 
 
@@ -87,9 +89,15 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                next_norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the residual stream; h: this layer's input norm of it. Returns the stream after the
+        layer and `next_norm` of it (the next layer's input norm, or the final norm): each residual
+        add is one call with the norm after it (runtime/layers/fused.py)."""
+        eps = self.input_layernorm.eps
+        x, h = add_rms_norm(x, self.self_attn(h, cos, sin), None, self.post_attention_layernorm.norm_weight(), eps,
+                            False)
+        return add_rms_norm(x, self.mlp(h), None, next_norm.norm_weight(), eps, False)
 
 
 class LlamaModel(nn.Module):
@@ -119,9 +127,11 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        for layer in self.model.layers:
-            x = layer(x, cos, sin)
-        return self.model.norm(x)
+        layers = self.model.layers
+        h = layers[0].input_layernorm(x)
+        for i, layer in enumerate(layers):
+            x, h = layer(x, h, cos, sin, layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm)
+        return h
 
     @property
     def output_weight(self) -> torch.Tensor:

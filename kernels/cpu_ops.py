@@ -1,0 +1,74 @@
+"""Builds and loads the fused CPU kernels of kernels/csrc/cpu_ops.cpp, once per machine.
+
+The file is compiled with the machine's own compiler for its own cores (`-march=native`) by
+torch's C++ extension builder, into `~/.cache/radixserve/cpu-ops/<key>` (RADIXSERVE_HOME moves
+it), where the key covers the source, torch's version and the CPU's flags: a later start, or
+another process, loads the built library in milliseconds, and a machine of another kind never
+loads code built for instructions it lacks. `make install` builds it (`python -m
+kernels.cpu_ops`) so the first server start does not pay the quarter minute it takes.
+
+Where it cannot be built (no C++ compiler, RADIXSERVE_CPU_OPS=0), `ops()` is None and the
+callers (runtime/layers/fused.py, kernels/torch_attention.py) run the torch ops these kernels
+replace, with the same results up to the order of float sums.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
+NAME = "radixserve_cpu"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def build_dir() -> Path:
+    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), torch.__version__.encode(), sys.version.encode(),
+                                     _cpu_flags().encode()])).hexdigest()[:16]
+    home = Path(os.environ.get("RADIXSERVE_HOME", Path.home() / ".cache" / "radixserve"))
+    return home / "cpu-ops" / key
+
+
+@functools.cache
+def ops() -> object | None:
+    """torch.ops.radixserve_cpu, built here if it was not; None where it cannot be."""
+    if os.environ.get("RADIXSERVE_CPU_OPS", "1") == "0":
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+
+        folder = build_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        if shutil.which("ninja") is None:  # the `ninja` wheel's binary sits beside this interpreter
+            os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        # -fopenmp-simd: the kernels' `omp simd` loops vectorize (no OpenMP runtime is linked)
+        load(NAME, [str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp-simd"], build_directory=str(folder),
+             is_python_module=False, verbose=False)
+        return getattr(torch.ops, NAME)
+    except Exception as exc:  # noqa: BLE001 - serving with torch ops beats not serving
+        logger.warning("fused CPU kernels unavailable, running torch ops instead: %s", exc)
+        return None
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    print(f"fused CPU kernels: {'built in ' + str(build_dir()) if ops() is not None else 'unavailable (torch ops)'}")

@@ -1,0 +1,290 @@
+// Fused CPU kernels for the small work of a step: RMS norms, the residual add between them, q/k
+// norm + rotary, and decode attention over the paged KV pool. On one decode row each of these is a
+// few hundred floats, and the torch ops they replace cost far more in dispatch than in arithmetic
+// (a Gemma 3 layer was 68 op calls, two thirds of a one-row step's time). Each kernel here is one
+// call that does the whole piece in float and rounds where the torch ops it replaces round, so a
+// model gives the same activations with or without them, up to the order of float sums
+// (kernels/cpu_ops.py builds this file and the callers fall back to those torch ops;
+// tests/kernels/test_cpu_ops.py compares the two).
+//
+// Rows are independent: a row's result never depends on which other rows share the call, so a
+// request computes the same numbers alone or in a batch.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+// Below this many elements per call a row loop runs on the calling thread: waking the pool
+// costs more than the work.
+constexpr int64_t kGrainElements = 1 << 15;
+
+int64_t grain_rows(int64_t width) { return std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, width)); }
+
+template <typename T>
+inline float inv_rms(const T* x, int64_t n, double eps) {
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = static_cast<float>(x[i]);
+    sum += v * v;
+  }
+  return 1.f / std::sqrt(sum / static_cast<float>(n) + static_cast<float>(eps));
+}
+
+// One row normalised into out. scaled: Gemma's form, T(x * r * scale) with scale = 1 + w in
+// float; else Llama's, T(w * T(x * r)) with w in the activations' dtype.
+template <typename T>
+inline void norm_row(const T* x, int64_t n, const void* weight, bool scaled, double eps, T* out) {
+  const float r = inv_rms(x, n, eps);
+  if (scaled) {
+    const float* s = static_cast<const float*>(weight);
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(static_cast<float>(x[i]) * r * s[i]);
+  } else {
+    const T* w = static_cast<const T*>(weight);
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = static_cast<T>(static_cast<float>(w[i]) * static_cast<float>(static_cast<T>(static_cast<float>(x[i]) * r)));
+  }
+}
+
+void check_rows(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.device().is_cpu(), name, ": CPU tensors only");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, name, ": a [rows, width] tensor with contiguous rows");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, name, ": float32 or bfloat16");
+}
+
+void check_weight(const at::Tensor& w, const at::Tensor& x, bool scaled, const char* name) {
+  TORCH_CHECK(w.is_contiguous() && w.numel() == x.size(1), name, ": one weight per column");
+  TORCH_CHECK(w.scalar_type() == (scaled ? at::kFloat : x.scalar_type()), name,
+              ": the scale is float32 (Gemma) or the weight has the activations' dtype");
+}
+
+// out = norm(x) * weight, row by row.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, bool scaled) {
+  check_rows(x, "rms_norm");
+  check_weight(weight, x, scaled, "rms_norm");
+  const int64_t rows = x.size(0), n = x.size(1), stride = x.stride(0);
+  at::Tensor out = at::empty({rows, n}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "rms_norm", [&] {
+    const scalar_t* src = x.data_ptr<scalar_t>();
+    scalar_t* dst = out.data_ptr<scalar_t>();
+    const void* w = weight.data_ptr();
+    at::parallel_for(0, rows, grain_rows(n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) norm_row(src + r * stride, n, w, scaled, eps, dst + r * n);
+    });
+  });
+  return out;
+}
+
+// The residual step between two sub-blocks: x + post_norm(y) (Gemma's sandwich norm; without a
+// post weight, x + y), then the next sub-block's input norm of that sum. Returns (sum, normed).
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& y,
+                                                const c10::optional<at::Tensor>& post, const at::Tensor& weight,
+                                                double eps, bool scaled) {
+  check_rows(x, "add_rms_norm");
+  check_rows(y, "add_rms_norm");
+  TORCH_CHECK(x.sizes() == y.sizes() && x.scalar_type() == y.scalar_type(), "add_rms_norm: x and y alike");
+  check_weight(weight, x, scaled, "add_rms_norm");
+  const bool has_post = post.has_value() && post->defined();
+  if (has_post) check_weight(*post, x, scaled, "add_rms_norm (post)");
+  const int64_t rows = x.size(0), n = x.size(1);
+  at::Tensor sum = at::empty({rows, n}, x.options());
+  at::Tensor out = at::empty({rows, n}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "add_rms_norm", [&] {
+    const scalar_t* xs = x.data_ptr<scalar_t>();
+    const scalar_t* ys = y.data_ptr<scalar_t>();
+    scalar_t* sums = sum.data_ptr<scalar_t>();
+    scalar_t* outs = out.data_ptr<scalar_t>();
+    const void* w = weight.data_ptr();
+    const void* pw = has_post ? post->data_ptr() : nullptr;
+    at::parallel_for(0, rows, grain_rows(n), [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> normed(has_post ? n : 0);
+      for (int64_t r = begin; r < end; ++r) {
+        const scalar_t* xr = xs + r * x.stride(0);
+        const scalar_t* yr = ys + r * y.stride(0);
+        scalar_t* s = sums + r * n;
+        if (has_post) {
+          norm_row(yr, n, pw, scaled, eps, normed.data());
+          yr = normed.data();
+        }
+        for (int64_t i = 0; i < n; ++i) s[i] = static_cast<scalar_t>(static_cast<float>(xr[i]) + static_cast<float>(yr[i]));
+        norm_row(s, n, w, scaled, eps, outs + r * n);
+      }
+    });
+  });
+  return {sum, out};
+}
+
+// q and k heads side by side ([tokens, heads, head_dim], rows of the fused projection): each head
+// RMS-normed in float and multiplied by its own scale (Gemma's q_norm/k_norm, scale [heads,
+// head_dim]; none: no norm, as in Llama), rounded, then rotated (rotate-half form) by cos/sin
+// ([tokens, rot_dim]). Columns past rot_dim pass through. Returns a new [tokens, heads, head_dim].
+at::Tensor qk_norm_rope(const at::Tensor& qk, const c10::optional<at::Tensor>& scale, const at::Tensor& cos,
+                        const at::Tensor& sin, double eps) {
+  TORCH_CHECK(qk.device().is_cpu() && qk.dim() == 3 && qk.stride(2) == 1 && qk.stride(1) == qk.size(2),
+              "qk_norm_rope: a CPU [tokens, heads, head_dim] tensor with contiguous heads");
+  TORCH_CHECK(qk.scalar_type() == at::kFloat || qk.scalar_type() == at::kBFloat16, "qk_norm_rope: float32 or bfloat16");
+  const int64_t tokens = qk.size(0), heads = qk.size(1), dim = qk.size(2), rot = cos.size(1), half = rot / 2;
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.sizes() == sin.sizes() && cos.size(0) == tokens &&
+                  rot % 2 == 0 && rot <= dim && cos.scalar_type() == qk.scalar_type() &&
+                  sin.scalar_type() == qk.scalar_type(),
+              "qk_norm_rope: cos and sin are [tokens, rot_dim] in qk's dtype");
+  const bool has_scale = scale.has_value() && scale->defined();
+  if (has_scale)
+    TORCH_CHECK(scale->is_contiguous() && scale->scalar_type() == at::kFloat && scale->numel() == heads * dim,
+                "qk_norm_rope: scale is float32 [heads, head_dim]");
+  at::Tensor out = at::empty({tokens, heads, dim}, qk.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, qk.scalar_type(), "qk_norm_rope", [&] {
+    const scalar_t* src = qk.data_ptr<scalar_t>();
+    const scalar_t* cs = cos.data_ptr<scalar_t>();
+    const scalar_t* sn = sin.data_ptr<scalar_t>();
+    const float* sc = has_scale ? scale->data_ptr<float>() : nullptr;
+    scalar_t* dst = out.data_ptr<scalar_t>();
+    at::parallel_for(0, tokens, grain_rows(heads * dim), [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> head(dim);
+      for (int64_t t = begin; t < end; ++t) {
+        const scalar_t* c = cs + t * rot;
+        const scalar_t* s = sn + t * rot;
+        for (int64_t h = 0; h < heads; ++h) {
+          const scalar_t* x = src + t * qk.stride(0) + h * dim;
+          scalar_t* o = dst + (t * heads + h) * dim;
+          if (has_scale) {
+            const float r = inv_rms(x, dim, eps);
+            const float* w = sc + h * dim;
+            for (int64_t i = 0; i < dim; ++i) head[i] = static_cast<scalar_t>(static_cast<float>(x[i]) * r * w[i]);
+          } else {
+            for (int64_t i = 0; i < dim; ++i) head[i] = x[i];
+          }
+          // x * cos, rounded, then -/+ the other half times sin (one rounding), as the torch ops
+          for (int64_t i = 0; i < half; ++i) {
+            const float a = static_cast<float>(head[i]), b = static_cast<float>(head[i + half]);
+            const float ac = static_cast<float>(static_cast<scalar_t>(a * static_cast<float>(c[i])));
+            const float bc = static_cast<float>(static_cast<scalar_t>(b * static_cast<float>(c[i + half])));
+            o[i] = static_cast<scalar_t>(ac - b * static_cast<float>(s[i]));
+            o[i + half] = static_cast<scalar_t>(bc + a * static_cast<float>(s[i + half]));
+          }
+          for (int64_t i = rot; i < dim; ++i) o[i] = head[i];
+        }
+      }
+    });
+  });
+  return out;
+}
+
+// A float from a bfloat16's bits (what c10::BFloat16 does, spelled so the compiler vectorizes it).
+inline float as_float(c10::BFloat16 v) {
+  uint32_t bits = static_cast<uint32_t>(v.x) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+inline float as_float(float v) { return v; }
+
+template <typename T>
+inline float dot(const float* q, const T* k, int64_t n) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += q[i] * as_float(k[i]);
+  return sum;
+}
+
+template <typename T>
+inline void axpy(float a, const T* v, float* acc, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) acc[i] += a * as_float(v[i]);
+}
+
+// One new token per request attending to its KV: request b reads slots
+// slot_table[rows[b], start:seq_lens[b]] (start = seq_len - window for a sliding window, else 0)
+// straight from the pool, no gathered copy. Scores, softmax and the weighted sum in float; the
+// query heads sharing a KV head (GQA) are done together, so each K and V row is read once.
+// q: [B, H, D]; caches: [S, KVH, D]; returns [B, H, D] in q's dtype.
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& slot_table, const at::Tensor& rows, const at::Tensor& seq_lens,
+                            int64_t window, double scale) {
+  TORCH_CHECK(q.device().is_cpu() && q.dim() == 3 && q.stride(2) == 1, "decode_attention: q is a CPU [B, H, D]");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 3 &&
+                  k_cache.sizes() == v_cache.sizes() && k_cache.scalar_type() == q.scalar_type() &&
+                  v_cache.scalar_type() == q.scalar_type() && k_cache.size(2) == q.size(2),
+              "decode_attention: contiguous [S, KVH, D] caches in q's dtype");
+  TORCH_CHECK(slot_table.dim() == 2 && slot_table.stride(1) == 1 && slot_table.scalar_type() == at::kLong,
+              "decode_attention: slot_table is int64 [R, C]");
+  TORCH_CHECK(rows.is_contiguous() && rows.scalar_type() == at::kLong && rows.numel() == q.size(0),
+              "decode_attention: rows is int64 [B]");
+  TORCH_CHECK(seq_lens.is_contiguous() && seq_lens.scalar_type() == at::kInt && seq_lens.numel() == q.size(0),
+              "decode_attention: seq_lens is int32 [B]");
+  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2), kv_heads = k_cache.size(1);
+  TORCH_CHECK(heads % kv_heads == 0, "decode_attention: query heads are a multiple of KV heads");
+  const int64_t group = heads / kv_heads;
+  at::Tensor out = at::empty({batch, heads, dim}, q.options());
+  const int64_t* table = slot_table.data_ptr<int64_t>();
+  const int64_t table_stride = slot_table.stride(0);
+  const int64_t* row_of = rows.data_ptr<int64_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "decode_attention", [&] {
+    const scalar_t* qs = q.data_ptr<scalar_t>();
+    const scalar_t* ks = k_cache.data_ptr<scalar_t>();
+    const scalar_t* vs = v_cache.data_ptr<scalar_t>();
+    scalar_t* os = out.data_ptr<scalar_t>();
+    // One task per (request, KV head); a one-row step stays on this thread.
+    at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> qf(group * dim), acc(group * dim), scores;
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t b = task / kv_heads, kh = task % kv_heads;
+        const int64_t len = lens[b], first = window > 0 ? std::max<int64_t>(0, len - window) : 0, span = len - first;
+        const int64_t* slots = table + row_of[b] * table_stride + first;
+        for (int64_t g = 0; g < group; ++g) {
+          const scalar_t* qh = qs + b * q.stride(0) + (kh * group + g) * q.stride(1);
+          for (int64_t i = 0; i < dim; ++i) qf[g * dim + i] = as_float(qh[i]);
+        }
+        scores.resize(group * span);
+        for (int64_t j = 0; j < span; ++j) {
+          const scalar_t* kr = ks + (slots[j] * kv_heads + kh) * dim;
+          for (int64_t g = 0; g < group; ++g) scores[g * span + j] = dot(qf.data() + g * dim, kr, dim) * static_cast<float>(scale);
+        }
+        std::fill(acc.begin(), acc.end(), 0.f);
+        std::vector<float> total(group, 0.f);
+        for (int64_t g = 0; g < group; ++g) {
+          float* sg = scores.data() + g * span;
+          float top = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j < span; ++j) top = std::max(top, sg[j]);
+          float sum = 0.f;
+          for (int64_t j = 0; j < span; ++j) {
+            sg[j] = std::exp(sg[j] - top);
+            sum += sg[j];
+          }
+          total[g] = sum;
+        }
+        for (int64_t j = 0; j < span; ++j) {
+          const scalar_t* vr = vs + (slots[j] * kv_heads + kh) * dim;
+          for (int64_t g = 0; g < group; ++g) axpy(scores[g * span + j], vr, acc.data() + g * dim, dim);
+        }
+        for (int64_t g = 0; g < group; ++g) {
+          scalar_t* oh = os + (b * heads + kh * group + g) * dim;
+          const float inv = 1.f / total[g];
+          for (int64_t i = 0; i < dim; ++i) oh[i] = static_cast<scalar_t>(acc[g * dim + i] * inv);
+        }
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(radixserve_cpu, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps, bool scaled) -> Tensor", rms_norm);
+  m.def("add_rms_norm(Tensor x, Tensor y, Tensor? post, Tensor weight, float eps, bool scaled) -> (Tensor, Tensor)",
+        add_rms_norm);
+  m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slot_table, Tensor rows, Tensor seq_lens, "
+        "int window, float scale) -> Tensor", decode_attention);
+  m.def("qk_norm_rope(Tensor qk, Tensor? scale, Tensor cos, Tensor sin, float eps) -> Tensor", qk_norm_rope);
+}
