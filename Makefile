@@ -16,7 +16,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench,cluster,sglang-client]'
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps sglang==0.5.23
-	$(PY) -m kernels.cpu_ops
+	$(PY) -c 'from kernels.cpu_ops import main; main()'
 	touch $(STAMP)
 
 install: $(STAMP)

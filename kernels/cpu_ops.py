@@ -4,8 +4,8 @@ The file is compiled with the machine's own compiler for its own cores (`-march=
 torch's C++ extension builder, into `~/.cache/radixserve/cpu-ops/<key>` (RADIXSERVE_HOME moves
 it), where the key covers the source, torch's version and the CPU's flags: a later start, or
 another process, loads the built library in milliseconds, and a machine of another kind never
-loads code built for instructions it lacks. `make install` builds it (`python -m
-kernels.cpu_ops`) so the first server start does not pay the quarter minute it takes.
+loads code built for instructions it lacks. `make install` builds it
+(`kernels.cpu_ops.main`) so the first server start does not pay the quarter minute it takes.
 
 Where it cannot be built (no C++ compiler, RADIXSERVE_CPU_OPS=0), `ops()` is None and the
 callers (runtime/layers/fused.py, kernels/torch_attention.py) run the torch ops these kernels
@@ -69,6 +69,11 @@ def ops() -> object | None:
         return None
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """`make install` builds the kernels here, so the first server start finds them built."""
     logging.basicConfig(level=logging.INFO)
     print(f"fused CPU kernels: {'built in ' + str(build_dir()) if ops() is not None else 'unavailable (torch ops)'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -189,24 +189,63 @@ inline float as_float(c10::BFloat16 v) {
 inline float as_float(float v) { return v; }
 
 template <typename T>
-inline float dot(const float* q, const T* k, int64_t n) {
+inline void to_float(const T* src, float* dst, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = as_float(src[i]);
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
   float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += q[i] * as_float(k[i]);
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
   return sum;
 }
 
-template <typename T>
-inline void axpy(float a, const T* v, float* acc, int64_t n) {
+inline void axpy(float a, const float* x, float* acc, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) acc[i] += a * as_float(v[i]);
+  for (int64_t i = 0; i < n; ++i) acc[i] += a * x[i];
+}
+
+// Keys per piece of one request's span: a long span is cut into pieces that run on different
+// threads (flash-decoding) and are merged by their softmax maxima and sums.
+constexpr int64_t kSpanPiece = 1024;
+
+// One piece of a request's attention for the query heads of one KV head: for keys
+// slots[0:count], the running max, sum of exp and exp-weighted sum of values per query head.
+template <typename T>
+void attend_piece(const float* qf, int64_t group, int64_t dim, const T* ks, const T* vs, const int64_t* slots,
+                  int64_t count, int64_t kv_heads, int64_t kh, float scale, float* top, float* total, float* acc) {
+  std::vector<float> row(dim), scores(group * count);
+  for (int64_t j = 0; j < count; ++j) {
+    to_float(ks + (slots[j] * kv_heads + kh) * dim, row.data(), dim);  // once for every query head
+    for (int64_t g = 0; g < group; ++g) scores[g * count + j] = dot(qf + g * dim, row.data(), dim) * scale;
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    float* sg = scores.data() + g * count;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < count; ++j) m = std::max(m, sg[j]);
+    float sum = 0.f;
+    for (int64_t j = 0; j < count; ++j) {
+      sg[j] = std::exp(sg[j] - m);
+      sum += sg[j];
+    }
+    top[g] = m;
+    total[g] = sum;
+  }
+  std::fill(acc, acc + group * dim, 0.f);
+  for (int64_t j = 0; j < count; ++j) {
+    to_float(vs + (slots[j] * kv_heads + kh) * dim, row.data(), dim);
+    for (int64_t g = 0; g < group; ++g) axpy(scores[g * count + j], row.data(), acc + g * dim, dim);
+  }
 }
 
 // One new token per request attending to its KV: request b reads slots
 // slot_table[rows[b], start:seq_lens[b]] (start = seq_len - window for a sliding window, else 0)
 // straight from the pool, no gathered copy. Scores, softmax and the weighted sum in float; the
-// query heads sharing a KV head (GQA) are done together, so each K and V row is read once.
-// q: [B, H, D]; caches: [S, KVH, D]; returns [B, H, D] in q's dtype.
+// query heads sharing a KV head (GQA) are done together, so each K and V row is converted once.
+// Work is cut into (request, KV head, piece of at most kSpanPiece keys) and spread over the
+// threads; the pieces of a request are merged in order, so its result does not depend on the
+// thread count or on the other requests. q: [B, H, D]; caches: [S, KVH, D]; returns [B, H, D].
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                             const at::Tensor& slot_table, const at::Tensor& rows, const at::Tensor& seq_lens,
                             int64_t window, double scale) {
@@ -224,54 +263,64 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2), kv_heads = k_cache.size(1);
   TORCH_CHECK(heads % kv_heads == 0, "decode_attention: query heads are a multiple of KV heads");
   const int64_t group = heads / kv_heads;
-  at::Tensor out = at::empty({batch, heads, dim}, q.options());
   const int64_t* table = slot_table.data_ptr<int64_t>();
   const int64_t table_stride = slot_table.stride(0);
   const int64_t* row_of = rows.data_ptr<int64_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  // The pieces: (request, first key, key count), each for every KV head.
+  std::vector<int64_t> piece_req, piece_first, piece_count, req_first_piece(batch + 1);
+  for (int64_t b = 0; b < batch; ++b) {
+    req_first_piece[b] = static_cast<int64_t>(piece_req.size());
+    const int64_t len = lens[b], first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+    for (int64_t start = first; start < len || start == first; start += kSpanPiece) {
+      piece_req.push_back(b);
+      piece_first.push_back(start);
+      piece_count.push_back(std::max<int64_t>(0, std::min(kSpanPiece, len - start)));
+      if (start >= len) break;
+    }
+  }
+  req_first_piece[batch] = static_cast<int64_t>(piece_req.size());
+  const int64_t pieces = static_cast<int64_t>(piece_req.size());
+  std::vector<float> tops(pieces * heads), totals(pieces * heads), accs(pieces * heads * dim);
+  at::Tensor out = at::empty({batch, heads, dim}, q.options());
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "decode_attention", [&] {
     const scalar_t* qs = q.data_ptr<scalar_t>();
     const scalar_t* ks = k_cache.data_ptr<scalar_t>();
     const scalar_t* vs = v_cache.data_ptr<scalar_t>();
     scalar_t* os = out.data_ptr<scalar_t>();
-    // One task per (request, KV head); a one-row step stays on this thread.
-    at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> qf(group * dim), acc(group * dim), scores;
+    // A short step (one request, a few hundred keys) stays on this thread.
+    const int64_t grain = pieces * kv_heads > 1 ? 1 : 2;
+    at::parallel_for(0, pieces * kv_heads, grain, [&](int64_t begin, int64_t end) {
+      std::vector<float> qf(group * dim);
       for (int64_t task = begin; task < end; ++task) {
-        const int64_t b = task / kv_heads, kh = task % kv_heads;
-        const int64_t len = lens[b], first = window > 0 ? std::max<int64_t>(0, len - window) : 0, span = len - first;
-        const int64_t* slots = table + row_of[b] * table_stride + first;
-        for (int64_t g = 0; g < group; ++g) {
-          const scalar_t* qh = qs + b * q.stride(0) + (kh * group + g) * q.stride(1);
-          for (int64_t i = 0; i < dim; ++i) qf[g * dim + i] = as_float(qh[i]);
-        }
-        scores.resize(group * span);
-        for (int64_t j = 0; j < span; ++j) {
-          const scalar_t* kr = ks + (slots[j] * kv_heads + kh) * dim;
-          for (int64_t g = 0; g < group; ++g) scores[g * span + j] = dot(qf.data() + g * dim, kr, dim) * static_cast<float>(scale);
-        }
+        const int64_t piece = task / kv_heads, kh = task % kv_heads, b = piece_req[piece];
+        for (int64_t g = 0; g < group; ++g)
+          to_float(qs + b * q.stride(0) + (kh * group + g) * q.stride(1), qf.data() + g * dim, dim);
+        const int64_t at = piece * heads + kh * group;
+        attend_piece(qf.data(), group, dim, ks, vs, table + row_of[b] * table_stride + piece_first[piece],
+                     piece_count[piece], kv_heads, kh, static_cast<float>(scale), tops.data() + at,
+                     totals.data() + at, accs.data() + at * dim);
+      }
+    });
+    // Merge each request's pieces, in order.
+    at::parallel_for(0, batch * heads, 64, [&](int64_t begin, int64_t end) {
+      std::vector<float> acc(dim);
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t b = task / heads, h = task % heads;
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t p = req_first_piece[b]; p < req_first_piece[b + 1]; ++p)
+          if (piece_count[p] > 0) m = std::max(m, tops[p * heads + h]);
         std::fill(acc.begin(), acc.end(), 0.f);
-        std::vector<float> total(group, 0.f);
-        for (int64_t g = 0; g < group; ++g) {
-          float* sg = scores.data() + g * span;
-          float top = -std::numeric_limits<float>::infinity();
-          for (int64_t j = 0; j < span; ++j) top = std::max(top, sg[j]);
-          float sum = 0.f;
-          for (int64_t j = 0; j < span; ++j) {
-            sg[j] = std::exp(sg[j] - top);
-            sum += sg[j];
-          }
-          total[g] = sum;
+        float sum = 0.f;
+        for (int64_t p = req_first_piece[b]; p < req_first_piece[b + 1]; ++p) {
+          if (piece_count[p] == 0) continue;
+          const float w = std::exp(tops[p * heads + h] - m);
+          sum += w * totals[p * heads + h];
+          axpy(w, accs.data() + (p * heads + h) * dim, acc.data(), dim);
         }
-        for (int64_t j = 0; j < span; ++j) {
-          const scalar_t* vr = vs + (slots[j] * kv_heads + kh) * dim;
-          for (int64_t g = 0; g < group; ++g) axpy(scores[g * span + j], vr, acc.data() + g * dim, dim);
-        }
-        for (int64_t g = 0; g < group; ++g) {
-          scalar_t* oh = os + (b * heads + kh * group + g) * dim;
-          const float inv = 1.f / total[g];
-          for (int64_t i = 0; i < dim; ++i) oh[i] = static_cast<scalar_t>(acc[g * dim + i] * inv);
-        }
+        scalar_t* oh = os + (b * heads + h) * dim;
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        for (int64_t i = 0; i < dim; ++i) oh[i] = static_cast<scalar_t>(acc[i] * inv);
       }
     });
   });
