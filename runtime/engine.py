@@ -61,6 +61,7 @@ class Engine:
             self._build(config)
         self.loop = EngineLoop(self.runner, self.tokenizer, self.scheduler, self.kv, self.context_len,
                                overlap=self.args.overlap_on(self.device.type), grammar_mask=self._mask_grammar)
+        self.loop.ready.wait()  # warmed up on its own thread before the first request (EngineLoop._run)
         self.info = self._describe()
         # New requests not yet admitted, counted at once (the loop's stats lag a step behind).
         self._queued = 0

@@ -83,6 +83,7 @@ class EngineLoop:
         self._stats_lock = threading.Lock()
         self._stats: dict[str, float] = {}
         self._refresh_stats()
+        self.ready = threading.Event()  # set once warmed up (or dead): Engine() returns then
         self._thread = threading.Thread(target=self._run, name="radixserve-engine", daemon=True)
         self._thread.start()
 
@@ -103,6 +104,10 @@ class EngineLoop:
 
     def _run(self) -> None:
         try:
+            warm_up = getattr(self.runner, "warm_up", None)  # (a test's stand-in runner may have none)
+            if warm_up is not None:
+                warm_up(self.scheduler.args.max_running_requests)
+            self.ready.set()
             while True:
                 block = not self.scheduler.has_work()
                 while True:
@@ -125,6 +130,7 @@ class EngineLoop:
                 self._deliver()
         except BaseException as exc:  # noqa: BLE001 - recorded, then every waiter is told
             self.dead = exc
+            self.ready.set()
             logger.error("engine loop died:\n%s", traceback.format_exc())
             self.output.abort_all(f"the engine loop died: {exc!r}")
             self._deliver()

@@ -132,6 +132,14 @@ class ModelRunner:
             logger.warning("CUDA graphs are off (decode runs eagerly): %s", exc)
             return None
 
+    def warm_up(self, max_requests: int) -> None:
+        """Before the first step, on the thread that will run the steps: the CPU output layer times
+        its ways for the batch sizes it will meet (runtime/cpu/output_layer.py)."""
+        warm = getattr(self.output_layer, "warm_up", None)
+        if warm is not None:
+            with torch.inference_mode():
+                warm(self.model.output_weight, max_requests)
+
     @property
     def num_slots(self) -> int:
         return self.pool.num_slots

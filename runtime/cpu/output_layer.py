@@ -28,6 +28,7 @@ def _transposed(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 WAYS = {"linear": linear_logits, "weight@hidden.T": _transposed}
+WARM_ROWS = 64  # buckets timed before serving; larger ones (rare on a CPU) are timed when first seen
 
 
 class TimedOutputLayer(OutputLayer):
@@ -49,6 +50,20 @@ class TimedOutputLayer(OutputLayer):
             way, logits = self._measure(bucket, hidden, weight)
             return logits
         return self.ways[way](hidden, weight)
+
+    def warm_up(self, weight: torch.Tensor, max_rows: int) -> None:
+        """Time the buckets up to min(max_rows, WARM_ROWS) now (the engine thread calls this before
+        its first step, so the timing runs on the thread pool that will serve) instead of inside the
+        first steps that reach them: each costs a few tenths of a second at the default model's
+        vocabulary, which a short burst of requests would otherwise pay while it is served."""
+        if weight.device.type != "cpu" or (len(self.ways) == len(WAYS) and max_rows <= 1):
+            return
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        bucket = 1
+        while bucket <= min(max_rows, WARM_ROWS):
+            if bucket not in self.choice and not (bucket == 1 and len(self.ways) == len(WAYS)):
+                self._measure(bucket, torch.randn(bucket, weight.shape[1], generator=gen).to(weight.dtype), weight)
+            bucket *= 2
 
     def _measure(self, bucket: int, hidden: torch.Tensor, weight: torch.Tensor) -> tuple[str, torch.Tensor]:
         times, logits = dict.fromkeys(self.ways, float("inf")), None
