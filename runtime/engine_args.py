@@ -76,6 +76,9 @@ class EngineArgs:
     speculative_num_draft_tokens: int = field(default=4, metadata={"help": "draft tokens verified per step at most"})
     speculative_ngram_min: int = field(default=1, metadata={"help": "shortest n-gram a draft is looked up by"})
     speculative_ngram_max: int = field(default=3, metadata={"help": "longest n-gram a draft is looked up by"})
+    speculative_disable_by_batch_size: int | None = field(default=None, metadata={
+        "help": "no drafts in a step with at least this many decoding requests (vLLM's disable_by_batch_size): "
+                "a big batch is already compute-bound, and verifying drafts adds rows. Default: never"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
     seed: int = field(default=0, metadata={"help": "seed for requests that do not set their own"})
 
@@ -87,6 +90,7 @@ class EngineArgs:
                 raise ValueError(f"{name} must be >= 1, got {value}")
 
         for name in ("speculative_num_draft_tokens", "speculative_ngram_min", "speculative_ngram_max",
+                     "speculative_disable_by_batch_size",
                      "kv_host_tier_tokens", "cuda_graph_max_bs", "page_size", "max_running_requests", "chunked_prefill_size", "max_prefill_tokens",
                      "kv_cache_tokens", "context_length", "max_queued_requests", "num_threads", "max_kv_cache_tokens"):
             positive(name)
@@ -128,13 +132,16 @@ class EngineArgs:
             raise ValueError(f"speculative_config must be JSON: {exc}") from exc
         if not isinstance(config, dict) or str(config.get("method", "")).lower() != "ngram":
             raise ValueError("speculative_config: only {\"method\": \"ngram\", ...} is supported")
-        unknown = set(config) - {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+        unknown = set(config) - {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+                                 "disable_by_batch_size"}
         if unknown:
             raise ValueError(f"speculative_config: unknown field(s) {sorted(unknown)}")
         self.speculative_algorithm = "ngram"
         self.speculative_num_draft_tokens = int(config.get("num_speculative_tokens", self.speculative_num_draft_tokens))
         self.speculative_ngram_max = int(config.get("prompt_lookup_max", self.speculative_ngram_max))
         self.speculative_ngram_min = int(config.get("prompt_lookup_min", self.speculative_ngram_min))
+        if config.get("disable_by_batch_size") is not None:
+            self.speculative_disable_by_batch_size = int(config["disable_by_batch_size"])
 
     def overlap_on(self, device_type: str) -> bool:
         if self.disable_overlap_schedule or self.overlap_schedule == "off":

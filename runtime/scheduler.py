@@ -52,7 +52,7 @@ class Scheduler:
         self.failed: list[Req] = []  # requests the scheduler gave up on this step (engine reports them)
         self.on_dequeue: Callable[[Req], None] = lambda req: None  # a new request left the waiting queue
         self.speculative = (SpeculativeConfig(args.speculative_num_draft_tokens, args.speculative_ngram_min,
-                                              args.speculative_ngram_max)
+                                              args.speculative_ngram_max, args.speculative_disable_by_batch_size)
                             if args.speculative_algorithm == "ngram" else None)
 
     def add(self, req: Req) -> None:
@@ -123,7 +123,7 @@ class Scheduler:
     def _drafts(self, decoding: list[Req]) -> dict[Req, list[int]]:
         """Prompt-lookup drafts for the decoding requests that may speculate (runtime/speculative.py)."""
         config = self.speculative
-        if config is None:
+        if config is None or (config.disable_by_batch_size is not None and len(decoding) >= config.disable_by_batch_size):
             return {}
         drafts = {}
         for req in decoding:

@@ -38,6 +38,7 @@ class SpeculativeConfig:
     num_draft_tokens: int = 4
     ngram_min: int = 1
     ngram_max: int = 3
+    disable_by_batch_size: int | None = None  # no drafts in a step with this many decoding requests
 
 
 def propose(tokens: list[int], config: SpeculativeConfig) -> list[int]:

@@ -197,3 +197,29 @@ def test_vllm_and_sglang_spellings() -> None:
                 {"speculative_config": "not json"}, {"speculative_num_draft_tokens": 0}):
         with pytest.raises(ValueError, match="speculative"):
             EngineArgs(**bad).validate()  # type: ignore[arg-type]
+
+
+def test_no_drafts_at_or_above_disable_by_batch_size(tmp_path: Path) -> None:
+    """vLLM's disable_by_batch_size: a step with that many decoding requests drafts nothing, a
+    smaller one still does, and the output is what plain decoding gives either way."""
+    args = EngineArgs(speculative_config='{"method": "ngram", "disable_by_batch_size": 3}')
+    args.validate()
+    assert args.speculative_disable_by_batch_size == 3
+    with pytest.raises(ValueError, match="speculative_disable_by_batch_size"):
+        EngineArgs(speculative_algorithm="ngram", speculative_disable_by_batch_size=0).validate()
+    folder = save_tiny_model("llama", tmp_path)
+    gen = torch.Generator().manual_seed(5)
+    # three prompts that repeat themselves (drafts to find) and share no prefix (admitted together)
+    docs = [torch.randint(3, 250, (30,), generator=gen).tolist() for _ in range(3)]
+    batch = [doc + doc[:12] for doc in docs]
+    with Engine(model=str(folder), dtype="float32", kv_cache_tokens=1024) as plain:
+        want = plain.generate(input_ids=batch, sampling_params=GREEDY)
+    with Engine(model=str(folder), dtype="float32", kv_cache_tokens=1024, speculative_algorithm="ngram",
+                speculative_disable_by_batch_size=3, enable_prefix_cache=False) as spec:
+        together = spec.generate(input_ids=batch, sampling_params=GREEDY)  # three decoding at once
+        assert spec.stats()["spec_draft_tokens_total"] == 0
+        alone = spec.generate(input_ids=batch[:1], sampling_params=GREEDY)
+        assert spec.stats()["spec_draft_tokens_total"] > 0  # one request alone still speculates
+        assert_slots_balanced(spec)
+    assert [o.token_ids for o in together] == [o.token_ids for o in want]
+    assert alone[0].token_ids == want[0].token_ids
