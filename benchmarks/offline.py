@@ -13,8 +13,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 if __package__ in (None, ""):  # run as `python benchmarks/x.py`: import `benchmarks` as -m would
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from runtime.device import DTYPES
 
 from benchmarks.systems import RadixSystem, Result, System, TransformersSystem
 from benchmarks.workloads import SCALES, WORKLOADS, Workload, make_workload
@@ -67,7 +71,19 @@ def run_workload(system: System, workload: Workload) -> Report:
                   sum(r.output_tokens for r in results), system.cache_hit_rate(), [r.ttft_s for r in results], tpots)
 
 
-def systems_for(model: str, dtype: str, compare: bool, kv_cache_tokens: int) -> list[tuple[str, object]]:
+def transformers_dtype(name: str = "auto") -> torch.dtype:
+    """The transformers baselines' dtype: `auto` is this machine's best for them, by the same
+    measurement as our `--dtype auto` (bf16 where bf16 matrix work keeps up with fp32, i.e. CPUs
+    with bf16 units; else fp32), so the baseline is not handicapped by a dtype choice."""
+    if name != "auto":
+        return DTYPES[name]
+    from runtime.cpu.precision import choose, measure_rates
+
+    return choose(measure_rates()).dtype
+
+
+def systems_for(model: str, dtype: str, compare: bool, kv_cache_tokens: int,
+                baseline_dtype: torch.dtype = torch.float32) -> list[tuple[str, object]]:
     from runtime.default_model import resolve_model_path
 
     path = str(resolve_model_path(model))
@@ -80,16 +96,20 @@ def systems_for(model: str, dtype: str, compare: bool, kv_cache_tokens: int) -> 
                                                        enable_prefix_cache=False)),
             ("radixserve-fcfs", lambda: RadixSystem("radixserve-fcfs", model, dtype, kv_cache_tokens,
                                                     schedule_policy="fcfs")),
-            ("transformers-batched", lambda: TransformersSystem("transformers-batched", path, batched=True)),
-            ("transformers-naive", lambda: TransformersSystem("transformers-naive", path, batched=False)),
+            ("transformers-batched", lambda: TransformersSystem("transformers-batched", path, batched=True,
+                                                                dtype=baseline_dtype)),
+            ("transformers-naive", lambda: TransformersSystem("transformers-naive", path, batched=False,
+                                                              dtype=baseline_dtype)),
         ]
     return factories
 
 
 def benchmark(workload_name: str, model: str = "default", scale: str = "small", compare: bool = False,
-              dtype: str = "auto", kv_cache_tokens: int = 65536, skip: tuple[str, ...] = ()) -> dict[str, object]:
+              dtype: str = "auto", kv_cache_tokens: int = 65536, skip: tuple[str, ...] = (),
+              baseline_dtype: str = "auto") -> dict[str, object]:
     rows = []
-    for name, factory in systems_for(model, dtype, compare, kv_cache_tokens):
+    tf_dtype = transformers_dtype(baseline_dtype) if compare else torch.float32
+    for name, factory in systems_for(model, dtype, compare, kv_cache_tokens, tf_dtype):
         if name in skip:
             continue
         system = factory()  # type: ignore[operator]
@@ -99,7 +119,8 @@ def benchmark(workload_name: str, model: str = "default", scale: str = "small", 
         finally:
             system.close()
         print(_format_row(rows[-1], rows[0]), flush=True)
-    return {"workload": workload_name, "model": model, "scale": scale, "systems": rows}
+    return {"workload": workload_name, "model": model, "scale": scale,
+            "transformers_dtype": str(tf_dtype).removeprefix("torch."), "systems": rows}
 
 
 def _format_row(row: dict[str, object], base: dict[str, object]) -> str:
@@ -120,10 +141,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--kv-cache-tokens", type=int, default=65536)
     parser.add_argument("--skip", nargs="*", default=[], help="systems to leave out (e.g. transformers-naive)")
+    parser.add_argument("--transformers-dtype", default="auto", choices=["auto", *DTYPES],
+                        help="the transformers baselines' dtype (auto: this machine's best for them)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     result = benchmark(args.workload, args.model, args.scale, args.compare, args.dtype, args.kv_cache_tokens,
-                       tuple(args.skip))
+                       tuple(args.skip), args.transformers_dtype)
+    if args.compare:
+        print(f"transformers baselines in {result['transformers_dtype']}")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=2)
