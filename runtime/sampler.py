@@ -262,7 +262,12 @@ class Sampler:
             idx = device_ids(random, device)
             sub = [params[i] for i in random]
             temps = _column([p.temperature for p in sub], device)
-            probs = torch.softmax(logits[idx] / temps, dim=-1)
+            scaled = logits[idx] / temps
+            # A huge logit bias over a small temperature can still overflow: keep the row finite
+            # (-inf stays -inf: tokens a grammar masks out must keep probability 0).
+            scaled = torch.nan_to_num_(scaled, nan=float("-inf"), posinf=torch.finfo(scaled.dtype).max,
+                                       neginf=float("-inf"))
+            probs = torch.softmax(scaled, dim=-1)
             probs = filter_probs(probs, [p.top_k for p in sub], [p.top_p for p in sub], [p.min_p for p in sub])
             u = uniforms([rows[i].seed for i in random], [rows[i].draw for i in random])
             draws = torch.from_numpy(u.astype(np.float32)).to(device)

@@ -13,6 +13,9 @@ MAX_TOP_LOGPROBS = 20
 CONSTRAINTS = ("regex", "json_schema", "ebnf", "structural_tag")
 
 
+SAMPLING_EPS = 1e-6  # temperatures below this sample greedily
+
+
 @dataclass
 class SamplingParams:
     max_new_tokens: int = 128
@@ -76,7 +79,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # As SGLang: a temperature this small is greedy (dividing by it would overflow to inf,
+        # and softmax of inf is NaN, which no draw can sample from).
+        return self.temperature < SAMPLING_EPS
 
     def __post_init__(self) -> None:
         # JSON spellings: one stop regex as a string; logit_bias keys as strings (OpenAI's shape).

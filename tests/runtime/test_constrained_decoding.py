@@ -80,3 +80,19 @@ def test_constraint_errors_name_the_field(folder: Path) -> None:
             engine.generate("hi", sampling_params={"ebnf": "root ::= missing_rule"})
         assert engine.generate("hi", sampling_params={"max_new_tokens": 2})[0].completion_tokens == 2
         assert engine.stats()["num_waiting"] == 0 and engine.queued == 0
+
+
+def test_tiny_temperatures_and_huge_biases_keep_the_constraint(folder: Path) -> None:
+    """Found by the schema fuzzer: temperature 1e-300 divided logits into inf, softmax gave NaN, and
+    the draw picked a token the grammar had masked out (the request was aborted with a 500). Such
+    temperatures are greedy now (SGLang's 1e-6), and an overflowing row stays finite."""
+    bias = {str(t): 3e38 for t in range(0, 200, 7)}  # many tokens, most of which the regex forbids
+    params = [{"regex": REGEX, "max_new_tokens": 30, "temperature": t, "seed": 3} for t in (1e-300, 1e-40, 1e-7)]
+    params += [{"regex": REGEX, "max_new_tokens": 30, "temperature": t, "seed": 3, "logit_bias": bias}
+               for t in (1e-5, 0.5)]
+    with Engine(model=str(folder), dtype="float32", kv_cache_tokens=2048) as engine:
+        outs = [engine.generate("Answer:", sampling_params=p)[0] for p in params]
+        assert_slots_balanced(engine)
+    for out in outs:
+        assert out.finish_reason in ("stop", "length"), out
+        assert re.fullmatch(REGEX, out.text) or out.finish_reason == "length", out.text
