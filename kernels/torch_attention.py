@@ -36,7 +36,7 @@ class TorchAttentionBackend:
         if meta.num_extend_reqs:
             self._extend(q[:n_ext], k_cache, v_cache, meta, scale, window, out[:n_ext])
         if meta.num_decode_reqs:
-            ops = cpu_ops() if q.device.type == "cpu" else None
+            ops = cpu_ops() if _fits_kernel(q, k_cache, v_cache, meta) else None
             if ops is not None:  # the fused kernel reads the pool through the slot table itself
                 first = meta.num_extend_reqs
                 out[n_ext:] = ops.decode_attention(q[n_ext:], k_cache, v_cache, meta.slot_table, meta.rows[first:],
@@ -83,6 +83,14 @@ class TorchAttentionBackend:
         scores = scores.masked_fill(~mask, float("-inf"))
         out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, KVH, G, D]
         return out.view(batch, kv_heads * group, dim).to(q.dtype)
+
+
+def _fits_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> bool:
+    """Whether the CPU decode kernel takes these inputs (else the torch ops below serve)."""
+    return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16) and k_cache.dtype == q.dtype
+            and v_cache.dtype == q.dtype and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and meta.slot_table.dtype == torch.int64 and meta.rows.dtype == torch.int64
+            and meta.seq_lens_t.dtype == torch.int32)
 
 
 def _extend_mask(meta: AttentionMetadata, i: int, prefix: int, n: int, window: int | None) -> torch.Tensor | None:

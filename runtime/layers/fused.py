@@ -17,8 +17,11 @@ from kernels.cpu_ops import ops as native_ops
 from runtime.layers.rotary import apply_rotary
 
 
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # what the kernels are built for
+
+
 def _native(x: torch.Tensor) -> object | None:
-    return native_ops() if x.device.type == "cpu" else None
+    return native_ops() if x.device.type == "cpu" and x.dtype in KERNEL_DTYPES else None
 
 
 def _torch_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, scaled: bool) -> torch.Tensor:
