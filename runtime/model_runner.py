@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from kernels import get_attention_backend
+from kernels.cpu_ops import ops as cpu_ops
 from runtime.context import ForwardContext, forward_context
 from runtime import cpu
 from runtime.cpu import resolve_precision
@@ -92,6 +93,8 @@ class ModelRunner:
         shipped = read_int4_groups(cfg.model_path) if cfg.quantization == "int4" and cfg.load_format != "dummy" else None
         self.output_layer = (cpu.prepare(self.model, self.precision, cfg.quantization, shipped)
                              if self.device.type == "cpu" else OutputLayer())
+        if self.device.type == "cpu":
+            cpu_ops()  # the fused kernels loaded (or built) now, not inside the first request's step
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.vocab_size: int = self.config.vocab_size
         c = self.config
