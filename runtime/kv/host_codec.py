@@ -14,18 +14,13 @@ encoding (`HostCodec.name`) and a file of another encoding is never read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
 HOST_DTYPES = ("auto", "bfloat16", "int8")
 _INT8_MAX = 127.0
-
-
-class CopyDone(Protocol):
-    def wait(self) -> None:
-        """Block until the copy into this host copy's tensors is done."""
 
 
 @dataclass(frozen=True)
@@ -38,12 +33,12 @@ class HostCopy:
     v: torch.Tensor
     k_scale: torch.Tensor | None = None
     v_scale: torch.Tensor | None = None
-    done: CopyDone | None = field(default=None, compare=False, repr=False)
+    done: Callable[[], None] | None = field(default=None, compare=False, repr=False)  # blocks until filled
 
     def wait(self) -> HostCopy:
         """This copy, once its tensors hold the KV."""
         if self.done is not None:
-            self.done.wait()
+            self.done()
         return self
 
     @property

@@ -85,16 +85,6 @@ class SyncCopies:
         return 0
 
 
-class _Drain:
-    """A deferred copy's completion: waiting runs every copy issued so far."""
-
-    def __init__(self, engine: DeferredCopies) -> None:
-        self.engine = engine
-
-    def wait(self) -> None:
-        self.engine.drain()
-
-
 class DeferredCopies(SyncCopies):
     """Copies queued, and run (in issue order) only when a step or a host reader waits for them."""
 
@@ -116,7 +106,7 @@ class DeferredCopies(SyncCopies):
 
         with self._lock:
             self._queue.append(run)
-        return HostCopy(*parts, done=_Drain(self))
+        return HostCopy(*parts, done=self.drain)  # waiting runs every copy issued so far
 
     def upload(self, pool: KVPool, slots: torch.Tensor, copy: HostCopy, codec: HostCodec) -> None:
         slots = slots.clone()
@@ -133,16 +123,6 @@ class DeferredCopies(SyncCopies):
 
     def pending(self) -> int:
         return len(self._queue)
-
-
-class _EventDone:
-    """A CUDA copy's completion: the host waits on its event."""
-
-    def __init__(self, event: Any) -> None:
-        self.event = event
-
-    def wait(self) -> None:
-        self.event.synchronize()
 
 
 class CudaCopies(SyncCopies):
@@ -168,7 +148,7 @@ class CudaCopies(SyncCopies):
             for dst, src in zip(parts, encoded.parts()):
                 dst.copy_(src, non_blocking=True)
             event = self._record((pinned, index, encoded, parts))
-        return HostCopy(*parts, done=_EventDone(event))
+        return HostCopy(*parts, done=event.synchronize)  # the host waits on the copy's event
 
     def upload(self, pool: KVPool, slots: torch.Tensor, copy: HostCopy, codec: HostCodec) -> None:
         # After the work queued so far: a step in flight may still read the slots' previous KV.
