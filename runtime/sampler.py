@@ -271,12 +271,9 @@ class Sampler:
             probs = filter_probs(probs, [p.top_k for p in sub], [p.top_p for p in sub], [p.min_p for p in sub])
             u = uniforms([rows[i].seed for i in random], [rows[i].draw for i in random])
             draws = torch.from_numpy(u.astype(np.float32)).to(device)
-            if any(rows[i].draft >= 0 for i in random):
-                # The host reads the verdict back as token == draft (runtime/speculative.accepted).
-                picked, _ = verify_draft(probs, device_ids([rows[i].draft for i in random], device), draws)
-            else:
-                picked = inverse_cdf(probs, draws)
-            tokens = tokens.index_copy(0, idx, picked)
+            # For a row that verifies a draft token this one draw is also the rejection rule
+            # (verify_draft); the host reads the verdict back as token == draft (speculative.accepted).
+            tokens = tokens.index_copy(0, idx, inverse_cdf(probs, draws))
         return tokens
 
 
