@@ -27,6 +27,7 @@ import torch
 logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
 NAME = "radixserve_cpu"
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the activation dtypes the kernels are built for
 
 
 def _cpu_flags() -> str:

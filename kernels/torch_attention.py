@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu_ops import KERNEL_DTYPES
 from kernels.cpu_ops import ops as cpu_ops
 from kernels.metadata import AttentionMetadata
 
@@ -87,7 +88,7 @@ class TorchAttentionBackend:
 
 def _fits_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> bool:
     """Whether the CPU decode kernel takes these inputs (else the torch ops below serve)."""
-    return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16) and k_cache.dtype == q.dtype
+    return (q.device.type == "cpu" and q.dtype in KERNEL_DTYPES and k_cache.dtype == q.dtype
             and v_cache.dtype == q.dtype and k_cache.is_contiguous() and v_cache.is_contiguous()
             and meta.slot_table.dtype == torch.int64 and meta.rows.dtype == torch.int64
             and meta.seq_lens_t.dtype == torch.int32)
