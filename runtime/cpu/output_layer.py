@@ -42,7 +42,7 @@ class TimedOutputLayer(OutputLayer):
 
     def __call__(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         rows = hidden.shape[0]
-        if hidden.device.type != "cpu" or (rows == 1 and len(self.ways) == len(WAYS)):
+        if hidden.device.type != "cpu" or self._untimed(rows):
             return linear_logits(hidden, weight)
         bucket = 1 << (rows - 1).bit_length()
         way = self.choice.get(bucket)
@@ -56,14 +56,18 @@ class TimedOutputLayer(OutputLayer):
         its first step, so the timing runs on the thread pool that will serve) instead of inside the
         first steps that reach them: each costs a few tenths of a second at the default model's
         vocabulary, which a short burst of requests would otherwise pay while it is served."""
-        if weight.device.type != "cpu" or (len(self.ways) == len(WAYS) and max_rows <= 1):
+        if weight.device.type != "cpu":
             return
         gen = torch.Generator(device="cpu").manual_seed(0)
         bucket = 1
         while bucket <= min(max_rows, WARM_ROWS):
-            if bucket not in self.choice and not (bucket == 1 and len(self.ways) == len(WAYS)):
+            if bucket not in self.choice and not self._untimed(bucket):
                 self._measure(bucket, torch.randn(bucket, weight.shape[1], generator=gen).to(weight.dtype), weight)
             bucket *= 2
+
+    def _untimed(self, rows: int) -> bool:
+        """One row with only the built-in ways: `linear` serves it without a measurement."""
+        return rows == 1 and len(self.ways) == len(WAYS)
 
     def _measure(self, bucket: int, hidden: torch.Tensor, weight: torch.Tensor) -> tuple[str, torch.Tensor]:
         times, logits = dict.fromkeys(self.ways, float("inf")), None
