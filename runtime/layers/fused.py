@@ -5,19 +5,21 @@ On the CPU they run as fused kernels (kernels/cpu_ops.py: one call instead of th
 torch ops each piece is, which on a one-row decode step cost more in dispatch than in work);
 anywhere else (a GPU, the meta device, a CPU without a compiler) as the torch ops below, which
 give the same results. `scale` is Gemma's float32 (1 + w); `weight` is Llama's w, applied after
-rounding the normalised value to the activations' dtype.
+rounding the normalised value to the activations' dtype. `through_layers` runs the residual stream
+through layers built on them: each hands the next its stream and the next norm of it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from kernels.cpu_ops import KERNEL_DTYPES
 from kernels.cpu_ops import ops as native_ops
 from runtime.layers.rotary import apply_rotary
-
-
-KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # what the kernels are built for
 
 
 def _native(x: torch.Tensor) -> object | None:
@@ -47,6 +49,16 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, post: torch.Tensor | None, we
         return ops.add_rms_norm(x, y, post, weight, eps, scaled)
     total = x + (y if post is None else _torch_norm(y, post, eps, scaled))
     return total, _torch_norm(total, weight, eps, scaled)
+
+
+def through_layers(layers: Sequence[nn.Module], final_norm: nn.Module, x: torch.Tensor, *args: object) -> torch.Tensor:
+    """The residual stream through decoder layers that each take (x, h, *args, next_norm) and
+    return (x, next_norm of x): h starts as the first layer's input norm, and the last layer's
+    next norm is the model's final norm, so what comes back is the final hidden state."""
+    h = layers[0].input_layernorm(x)
+    for i, layer in enumerate(layers):
+        x, h = layer(x, h, *args, layers[i + 1].input_layernorm if i + 1 < len(layers) else final_norm)
+    return h
 
 
 def qk_norm_rope(qk: torch.Tensor, scale: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from runtime.layers.attention import PagedAttention
-from runtime.layers.fused import add_rms_norm, qk_norm_rope
+from runtime.layers.fused import add_rms_norm, qk_norm_rope, through_layers
 from runtime.layers.norm import RMSNorm
 from runtime.layers.rotary import RotaryEmbedding, rope_inv_freq
 from runtime.models.llama import GatedMLP, head_dim_of, layer_window
@@ -108,11 +108,7 @@ class Gemma3ForCausalLM(nn.Module):
         # that rounded value gives the same products and needs no tensor on any device.
         x = embed * float(torch.tensor(self.embed_scale, dtype=embed.dtype, device="cpu"))
         rope = {sliding: r.cos_sin(positions, x.dtype) for sliding, r in self.rotary.items()}
-        layers = self.model.layers
-        h = layers[0].input_layernorm(x)
-        for i, layer in enumerate(layers):
-            x, h = layer(x, h, rope, layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm)
-        return h
+        return through_layers(self.model.layers, self.model.norm, x, rope)
 
     @property
     def output_weight(self) -> torch.Tensor:

@@ -11,7 +11,7 @@ from torch import nn
 from runtime.layers.activation import gated_activation
 from runtime.layers.attention import PagedAttention
 from runtime.layers.norm import RMSNorm
-from runtime.layers.fused import add_rms_norm, qk_norm_rope
+from runtime.layers.fused import add_rms_norm, qk_norm_rope, through_layers
 from runtime.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
 from runtime.models.weights import fused_linear, load_into
 
@@ -127,11 +127,7 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        layers = self.model.layers
-        h = layers[0].input_layernorm(x)
-        for i, layer in enumerate(layers):
-            x, h = layer(x, h, cos, sin, layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm)
-        return h
+        return through_layers(self.model.layers, self.model.norm, x, cos, sin)
 
     @property
     def output_weight(self) -> torch.Tensor:
