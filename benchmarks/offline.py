@@ -75,11 +75,9 @@ def transformers_dtype(name: str = "auto") -> torch.dtype:
     """The transformers baselines' dtype: `auto` is this machine's best for them, by the same
     measurement as our `--dtype auto` (bf16 where bf16 matrix work keeps up with fp32, i.e. CPUs
     with bf16 units; else fp32), so the baseline is not handicapped by a dtype choice."""
-    if name != "auto":
-        return DTYPES[name]
-    from runtime.cpu.precision import choose, measure_rates
+    from runtime.cpu.precision import resolve_precision
 
-    return choose(measure_rates()).dtype
+    return resolve_precision(name, torch.device("cpu")).dtype
 
 
 def systems_for(model: str, dtype: str, compare: bool, kv_cache_tokens: int,
