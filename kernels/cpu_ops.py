@@ -1,6 +1,7 @@
-"""Builds and loads the fused CPU kernels of kernels/csrc/cpu_ops.cpp, once per machine.
+"""Builds and loads the fused CPU kernels of kernels/csrc/ (cpu_ops.cpp: norms, rotary, decode
+attention; group_gemv.cpp: few-row products with a GGUF's 8-bit group weights), once per machine.
 
-The file is compiled with the machine's own compiler for its own cores (`-march=native`) by
+The files are compiled into one library with the machine's own compiler for its own cores (`-march=native`) by
 torch's C++ extension builder, into `~/.cache/radixserve/cpu-ops/<key>` (RADIXSERVE_HOME moves
 it), where the key covers the source, torch's version and the CPU's flags: a later start, or
 another process, loads the built library in milliseconds, and a machine of another kind never
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 
 logger = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
+SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("cpu_ops.cpp", "group_gemv.cpp"))
 NAME = "radixserve_cpu"
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the activation dtypes the kernels are built for
 
@@ -43,8 +44,8 @@ def _cpu_flags() -> str:
 
 
 def build_dir() -> Path:
-    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), torch.__version__.encode(), sys.version.encode(),
-                                     _cpu_flags().encode()])).hexdigest()[:16]
+    key = hashlib.sha256(b"\0".join([*(source.read_bytes() for source in SOURCES), torch.__version__.encode(),
+                                     sys.version.encode(), _cpu_flags().encode()])).hexdigest()[:16]
     home = Path(os.environ.get("RADIXSERVE_HOME", Path.home() / ".cache" / "radixserve"))
     return home / "cpu-ops" / key
 
@@ -61,9 +62,10 @@ def ops() -> object | None:
         folder.mkdir(parents=True, exist_ok=True)
         if shutil.which("ninja") is None:  # the `ninja` wheel's binary sits beside this interpreter
             os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        # -fopenmp-simd: the kernels' `omp simd` loops vectorize (no OpenMP runtime is linked)
-        load(NAME, [str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp-simd"], build_directory=str(folder),
-             is_python_module=False, verbose=False)
+        # -fopenmp: at::parallel_for is inline OpenMP, so without it every kernel runs on one
+        # thread; the library shares torch's own OpenMP runtime and thread pool
+        load(NAME, [str(source) for source in SOURCES], extra_cflags=["-O3", "-march=native", "-fopenmp"],
+             extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False, verbose=False)
         return getattr(torch.ops, NAME)
     except Exception as exc:  # noqa: BLE001 - serving with torch ops beats not serving
         logger.warning("fused CPU kernels unavailable, running torch ops instead: %s", exc)
