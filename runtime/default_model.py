@@ -26,6 +26,7 @@ from runtime.builtin_models import (
     builtin_model_names,
 )
 from runtime.gguf_groups import INT4_GROUPS_FILE
+from runtime.gguf_int8_groups import INT8_GROUPS_FILE
 
 __all__ = ["DEFAULT_CHAT_TEMPLATE", "DEFAULT_GENERATION_CONFIG", "DefaultModelError", "build_model_dir",
            "builtin_model_dir", "default_model_dir", "ensure_builtin_model", "ensure_default_model",
@@ -123,8 +124,8 @@ def ensure_builtin_model(model: BuiltinModel, rebuild: bool = False, progress: b
     folder = builtin_model_dir(model)
     if folder.exists() and not rebuild:
         verify_model_dir(folder, model.extra_files)
-        if not (folder / INT4_GROUPS_FILE).is_file():  # converted before the int4 groups were kept
-            add_int4_groups(model, folder)
+        if not all((folder / name).is_file() for name in (INT4_GROUPS_FILE, INT8_GROUPS_FILE)):
+            add_kept_groups(model, folder)  # converted before the GGUF's quantized tensors were kept
         return folder
     _say(f"first use: converting {model.title} (GGUF from PyPI) into {folder}; this happens once")
     with tempfile.TemporaryDirectory(prefix="radixserve-gguf-") as tmp:
@@ -136,22 +137,26 @@ def ensure_builtin_model(model: BuiltinModel, rebuild: bool = False, progress: b
     return folder
 
 
-def add_int4_groups(model: BuiltinModel, folder: Path) -> None:
-    """Write the GGUF's 4-bit tensors beside an existing conversion (runtime/gguf_groups.py)."""
+def add_kept_groups(model: BuiltinModel, folder: Path) -> None:
+    """Write the GGUF's kept quantized tensors (runtime/gguf_groups.py, runtime/gguf_int8_groups.py)
+    beside an existing conversion that lacks them."""
     from gguf import GGUFReader
 
-    from runtime.gguf_convert import keep_int4_groups
+    from runtime.gguf_convert import keep_int4_groups, keep_int8_groups
 
+    missing = [(name, keep) for name, keep in ((INT4_GROUPS_FILE, keep_int4_groups), (INT8_GROUPS_FILE, keep_int8_groups))
+               if not (folder / name).is_file()]
     with tempfile.TemporaryDirectory(prefix="radixserve-gguf-") as tmp:
         reader = GGUFReader(str(assemble_gguf(model, Path(tmp) / f"{model.name}.gguf")))
-        staging = Path(tempfile.mkdtemp(prefix=".int4-groups-", dir=folder))  # same file system: an atomic rename
-        try:
-            count = keep_int4_groups(reader, staging)
-            (staging / INT4_GROUPS_FILE).replace(folder / INT4_GROUPS_FILE)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        for name, keep in missing:
+            staging = Path(tempfile.mkdtemp(prefix=".groups-", dir=folder))  # same file system: an atomic rename
+            try:
+                count = keep(reader, staging)
+                (staging / name).replace(folder / name)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            _say(f"kept {count} quantized tensors of {model.name} as shipped in {folder / name}")
         del reader  # its memory map, before the joined file goes
-    _say(f"kept {count} 4-bit tensors of {model.name} as int4 groups in {folder / INT4_GROUPS_FILE}")
 
 
 def ensure_default_model(rebuild: bool = False, progress: bool = True) -> Path:

@@ -164,7 +164,7 @@ class Engine:
         runner = self.runner
         return EngineInfo(
             model_path=str(self.model_path), device=str(self.device), dtype=str(runner.dtype).removeprefix("torch."),
-            dtype_choice=runner.precision.reason, quantization=self.args.quantization,
+            dtype_choice=runner.precision.reason, quantization=runner.quantization,
             attention_backend=runner.backend.name,
             cuda_graph_batch_sizes=list(runner.graphs.sizes) if runner.graphs else [],
             overlap_schedule_on=self.loop.overlap, kv_cache_tokens=runner.num_slots, page_size=self.args.page_size,

@@ -26,9 +26,11 @@ class EngineArgs:
     load_format: str = field(default="auto", metadata={"help": "auto (safetensors) or dummy (random weights from "
                                                                "config.json alone, for benchmarks)"})
     quantization: str | None = field(default=None, metadata={
-        "help": "int8 or int4: weight-only int8 / int4 (groups of 32) linear and output layers on the CPU, used "
-                "for decode steps of few rows (faster, outputs change slightly, int4 more; needs bf16 "
-                "activations). Default: none"})
+        "help": "gguf: a checkpoint converted from a GGUF serves its own quantized weights as shipped for "
+                "decode steps of few rows (the default on a CPU with bf16 units and AVX-512 VNNI); int8 or int4: "
+                "weight-only int8 / int4 (groups of 32) linear and output layers, quantized here (outputs "
+                "change slightly, int4 more); none: the checkpoint's weights in --dtype. CPU only, bf16 "
+                "activations. Default: gguf where it applies, else none"})
     page_size: int = field(default=1, metadata={"help": "KV slots per page; the prefix cache shares whole pages"})
     kv_cache_tokens: int | None = field(default=None, metadata={"help": "KV pool size in tokens (default: from --kv-cache-memory-fraction)"})
     kv_cache_memory_fraction: float | None = field(default=None, metadata={
@@ -108,8 +110,8 @@ class EngineArgs:
             raise ValueError(f"kv_cache_memory_fraction must be in (0, 1), got {self.kv_cache_memory_fraction}")
         check_backend_name(self.attention_backend)
         resolve_dtype(self.dtype)  # raises for an unknown name; `auto` is decided when the engine is built
-        if self.quantization not in (None, "int8", "int4"):  # what it needs of the device: runtime/cpu/prepare.py
-            raise ValueError(f"quantization must be int8, int4 or unset, got {self.quantization!r}")
+        if self.quantization not in (None, "int8", "int4", "gguf", "none"):  # and of the device: runtime/cpu/prepare.py
+            raise ValueError(f"quantization must be gguf, int8, int4, none or unset, got {self.quantization!r}")
         if self.speculative_algorithm not in (None, "ngram"):
             raise ValueError(f"speculative_algorithm must be ngram or unset, got {self.speculative_algorithm!r}")
         if self.speculative_ngram_min > self.speculative_ngram_max:

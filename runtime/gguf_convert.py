@@ -5,8 +5,9 @@ Hugging Face config it maps to, its tensor names, its norm convention). Weights 
 with `gguf.quants.dequantize` and renamed to Hugging Face names; the tokenizer (with the GGUF's
 own chat template, when it has one) is rebuilt by `transformers` from the GGUF's vocabulary. The
 result loads like any other checkpoint, with our model code or with `transformers`. The GGUF's
-4-bit tensors are also kept as they are shipped, as int4 groups (runtime/gguf_groups.py), for
-`--quantization int4`.
+quantized tensors are also kept as they are shipped: the 4-bit ones as int4 groups
+(runtime/gguf_groups.py), the 5-, 6- and 8-bit ones as int8 groups (runtime/gguf_int8_groups.py),
+which `--quantization gguf` (the default on the CPU for such a folder) serves.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from runtime.gguf_groups import INT4_GROUPS_FILE, write_int4_groups
+from runtime.gguf_int8_groups import INT8_GROUPS_FILE, write_int8_groups
 
 logger = logging.getLogger(__name__)
 
@@ -207,6 +209,13 @@ def keep_int4_groups(reader: GGUFReader, out_dir: Path) -> int:
     return write_int4_groups(reader, out_dir, lambda name: hf_tensor_name(name, arch))
 
 
+def keep_int8_groups(reader: GGUFReader, out_dir: Path) -> int:
+    """Write the GGUF's 5-, 6- and 8-bit tensors, under their Hugging Face names, as int8 groups
+    (runtime/gguf_int8_groups.py) into `out_dir`; how many."""
+    arch = gguf_architecture(reader)
+    return write_int8_groups(reader, out_dir, lambda name: hf_tensor_name(name, arch))
+
+
 def convert_gguf(
     gguf_path: Path,
     out_dir: Path,
@@ -233,7 +242,9 @@ def convert_gguf(
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     del state
     count = keep_int4_groups(reader, out_dir)
-    log(f"kept {count} 4-bit tensors as int4 groups for --quantization int4 ({INT4_GROUPS_FILE})")
+    log(f"kept {count} 4-bit tensors as int4 groups ({INT4_GROUPS_FILE})")
+    count = keep_int8_groups(reader, out_dir)
+    log(f"kept {count} 5-, 6- and 8-bit tensors as int8 groups ({INT8_GROUPS_FILE})")
     log(f"building the tokenizer from the GGUF vocabulary ({config['vocab_size']:,} tokens; "
         "about 30-60 s for a large vocabulary)")
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)

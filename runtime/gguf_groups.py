@@ -39,6 +39,10 @@ class Int4Groups:
     scales: torch.Tensor  # float32 [N, K // 32]
     lows: torch.Tensor  # float32 [N, K // 32]
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)  # type: ignore[return-value]
+
     def dequantize(self) -> torch.Tensor:
         n, k = self.q.shape
         w = self.q.reshape(n, k // GROUP, GROUP).float() * self.scales[..., None] + self.lows[..., None]

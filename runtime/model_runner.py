@@ -18,6 +18,7 @@ from runtime.cpu import resolve_precision
 from runtime.device import DTYPES, resolve_device, resolve_dtype  # noqa: F401 - re-exported
 from runtime.forward_batch import ForwardBatch, HostBatch
 from runtime.gguf_groups import read_int4_groups
+from runtime.gguf_int8_groups import read_int8_groups
 from runtime.step import BatchEntry
 from runtime.graph_runner import DecodeGraphRunner
 from runtime.kv import KVManager, KVPool, KVShape, ReqSlotTable, build_kv, context_length, plan_kv_tokens
@@ -69,7 +70,7 @@ class RunnerConfig:
     kv_cache_memory_fraction: float | None = None
     max_kv_cache_tokens: int | None = None
     cuda_graph_max_bs: int | None = None  # capture decode graphs up to this batch size (CUDA only)
-    quantization: str | None = None  # "int8": weight-only int8 linear layers (CPU, bf16)
+    quantization: str | None = None  # int8, int4, gguf or none; unset: runtime/cpu/prepare.py resolve_quantization
     prefix_cache: bool = True  # share KV of common prefixes (else a cache that keeps nothing)
     kv_host_tier_tokens: int = 0  # the prefix cache's host tier (runtime/kv/tiers.py); 0: none
     kv_host_tier_gib: float | None = None  # the same, in GiB of KV (either one)
@@ -86,13 +87,22 @@ class ModelRunner:
         self.device = resolve_device(cfg.device)
         self.precision = resolve_precision(cfg.dtype, self.device, int(getattr(self.config, "hidden_size", 640)))
         self.dtype = self.precision.dtype
-        cpu.check_quantization(cfg.quantization, self.device, self.dtype)
+        # what --quantization means here (unset: a GGUF's own quantized weights where the CPU can serve them)
+        self.quantization = (cpu.resolve_quantization(cfg.quantization, self.device, self.dtype, cfg.model_path,
+                                                      cfg.load_format)
+                             if self.device.type == "cpu" or cfg.quantization not in (None, "none") else None)
         self.model = load_model(cfg.model_path, self.config, self.dtype, self.device, cfg.load_format)
         # The CPU's own linear layers and output layer (runtime/cpu/); elsewhere plain ones.
-        # a GGUF's own 4-bit weights, served as shipped (never over dummy weights)
-        shipped = read_int4_groups(cfg.model_path) if cfg.quantization == "int4" and cfg.load_format != "dummy" else None
-        self.output_layer = (cpu.prepare(self.model, self.precision, cfg.quantization, shipped)
-                             if self.device.type == "cpu" else OutputLayer())
+        if self.device.type == "cpu":
+            # a GGUF's own quantized weights, served as shipped (never over dummy weights)
+            real = cfg.load_format != "dummy"
+            int4 = read_int4_groups(cfg.model_path) if real and self.quantization in ("int4", "gguf") else None
+            int8 = read_int8_groups(cfg.model_path) if real and self.quantization == "gguf" else None
+            output_name = "model.embed_tokens.weight" if getattr(self.model, "lm_head", None) is None else "lm_head.weight"
+            self.output_layer: OutputLayer = cpu.prepare(self.model, self.precision, self.quantization, int4, int8,
+                                                         output_name)
+        else:
+            self.output_layer = OutputLayer()
         if self.device.type == "cpu":
             cpu_ops()  # the fused kernels loaded (or built) now, not inside the first request's step
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())

@@ -18,10 +18,16 @@ def tiny_vocab() -> list[str]:
     return specials + bytes_ + words
 
 
-def write_tiny_gemma3_gguf(path: Path, seed: int = 0, four_bit: bool = False) -> dict[str, np.ndarray]:
+FOUR_BIT_KINDS = {"attn_output": GGMLQuantizationType.Q4_0, "ffn_down": GGMLQuantizationType.Q4_1}
+MIXED_KINDS = {**FOUR_BIT_KINDS, **{name: GGMLQuantizationType.Q5_0 for name in ("attn_q", "attn_k", "ffn_gate", "ffn_up")}}
+
+
+def write_tiny_gemma3_gguf(path: Path, seed: int = 0, four_bit: bool = False, mixed: bool = False) -> dict[str, np.ndarray]:
     """Write the file; return the float32 weights as they should come back (HF names). Matrices
     are Q8_0; with `four_bit`, the attention output and down projections are Q4_0 and Q4_1 (the
-    4-bit formats `--quantization int4` serves as shipped)."""
+    4-bit formats `--quantization int4` serves as shipped); `mixed` adds Q5_0 for q, k, gate and
+    up (a llama.cpp Q4_K_M-like mix, every format `--quantization gguf` serves as shipped)."""
+    kinds = MIXED_KINDS if mixed else FOUR_BIT_KINDS if four_bit else {}
     rng = np.random.default_rng(seed)
     vocab = tiny_vocab()
     writer = GGUFWriter(str(path), "gemma3")
@@ -52,8 +58,7 @@ def write_tiny_gemma3_gguf(path: Path, seed: int = 0, four_bit: bool = False) ->
     def tensor(name: str, hf: str, shape: tuple[int, ...], quant: bool, norm: bool = False) -> None:
         data = rng.standard_normal(shape).astype(np.float32)
         if quant:
-            kind = {"attn_output": GGMLQuantizationType.Q4_0, "ffn_down": GGMLQuantizationType.Q4_1}.get(
-                name.split(".")[-2], GGMLQuantizationType.Q8_0) if four_bit else GGMLQuantizationType.Q8_0
+            kind = kinds.get(name.split(".")[-2], GGMLQuantizationType.Q8_0)
             packed = quantize(data, kind)
             writer.add_tensor(name, packed, raw_shape=packed.shape, raw_dtype=kind)
             from gguf.quants import dequantize

@@ -3,15 +3,17 @@
 - precision.py: `--dtype auto` chosen from matmul rates measured at startup;
 - host_threads.py: the engine is built serially so the engine thread's OpenMP pool is the only one;
 - kernel_linear.py: the shared base of the CPU linear layers, and oneDNN weight packing;
-- packed_linear.py, dual_linear.py, int8_linear.py: the layer kinds built on it;
+- packed_linear.py, dual_linear.py, int8_linear.py, int4_linear.py, gguf_linear.py: the layer
+  kinds built on it;
 - output_layer.py: the output layer that times its ways per batch size;
-- prepare.py: `prepare(model, precision, quantization)`, the one call the model runner makes.
+- prepare.py: `resolve_quantization` (what --quantization, set or not, means here) and
+  `prepare(model, precision, quantization)`, the calls the model runner makes.
 A GPU reader can skip this folder: the runner is device-neutral but for that call.
 """
 
 from runtime.cpu.host_threads import serial_on_this_thread
 from runtime.cpu.precision import MatmulRates, Precision, choose, measure_rates, resolve_precision
-from runtime.cpu.prepare import check_quantization, prepare
+from runtime.cpu.prepare import check_quantization, prepare, resolve_quantization
 
 __all__ = ["MatmulRates", "Precision", "check_quantization", "choose", "measure_rates", "prepare",
-           "resolve_precision", "serial_on_this_thread"]
+           "resolve_precision", "resolve_quantization", "serial_on_this_thread"]

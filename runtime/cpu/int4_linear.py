@@ -14,6 +14,9 @@ those codes as shipped instead of quantizing the dequantized weights a second ti
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
 import torch
 from torch import nn
 
@@ -22,6 +25,7 @@ from runtime.cpu.packed_linear import PackedLinear
 from runtime.gguf_groups import Int4Groups
 from runtime.models.weights import FUSED_FROM
 
+G = TypeVar("G")
 INT4_GROUP = 32
 INT4_MAX_ROWS = 4
 CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8)
@@ -91,9 +95,10 @@ class Int4Linear(FewRowsLinear):
         self.shipped = shipped is not None  # served from the checkpoint's own 4-bit codes
 
 
-def shipped_groups(qualname: str, linear: nn.Linear, groups: dict[str, Int4Groups]) -> Int4Groups | None:
-    """The checkpoint's own int4 groups for the layer named `qualname` (every shard of a fused
-    one), if it has them."""
+def shipped_groups(qualname: str, linear: nn.Linear, groups: Mapping[str, G],
+                   concat: Callable[[list[G]], G | None]) -> G | None:
+    """The checkpoint's own groups (runtime/gguf_groups.py, runtime/gguf_int8_groups.py) for the
+    layer named `qualname`, every shard of a fused one joined by `concat`, if it has them all."""
     if not groups:
         return None
     parent, own = qualname.rsplit(".", 1)
@@ -101,8 +106,8 @@ def shipped_groups(qualname: str, linear: nn.Linear, groups: dict[str, Int4Group
     parts = [groups.get(f"{parent}.{shard}.weight") for shard in shards]
     if any(part is None for part in parts):
         return None
-    joined = Int4Groups.concat(parts)  # type: ignore[arg-type]
-    return joined if tuple(joined.q.shape) == tuple(linear.weight.shape) else None
+    joined = concat(parts)  # type: ignore[arg-type]
+    return joined if joined is not None and joined.shape == tuple(linear.weight.shape) else None
 
 
 def quantize_linears_int4(model: nn.Module, packed: bool, groups: dict[str, Int4Groups] | None = None) -> tuple[int, int]:
@@ -114,7 +119,7 @@ def quantize_linears_int4(model: nn.Module, packed: bool, groups: dict[str, Int4
     def make(linear: nn.Linear) -> nn.Linear:
         if not fits_int4(linear.weight):
             return PackedLinear(linear) if packed else linear
-        return Int4Linear(linear, packed, shipped_groups(names[id(linear)], linear, groups or {}))
+        return Int4Linear(linear, packed, shipped_groups(names[id(linear)], linear, groups or {}, Int4Groups.concat))
 
     swapped = swap_linears(model, make)
     return swapped, sum(1 for m in model.modules() if isinstance(m, Int4Linear) and m.shipped)

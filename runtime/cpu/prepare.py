@@ -5,6 +5,8 @@ and is otherwise the same on every device. What it does depends on the precision
 resolved to (runtime/cpu/precision.py) and on `--quantization`:
 - int8 / int4: weight-only int8 or int4 layers for few-row products, packed bf16 for more
   (int8_linear.py, int4_linear.py);
+- gguf: a GGUF checkpoint's own quantized weights for few-row products, packed bf16 for more
+  (gguf_linear.py);
 - fp32 with bf16 weight copies for few rows, on CPUs without bf16 units (dual_linear.py);
 - otherwise oneDNN-packed layers (packed_linear.py), where the copies fit in RAM.
 The output layer gets the matching ways over prepared weights and times them per batch size.
@@ -13,11 +15,14 @@ The output layer gets the matching ways over prepared weights and times them per
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from runtime.cpu.dual_linear import use_dual_linears
+from kernels.cpu_ops import ops as cpu_ops
+from runtime.cpu.gguf_linear import fits_group_kernel, group_kernel_fast, group_output_kernel, serve_gguf_linears
 from runtime.cpu.int4_linear import fits_int4, int4_kernel, quantize_linears_int4
 from runtime.cpu.int8_linear import int8_kernel, quantize_linears
 from runtime.cpu.kernel_linear import Kernel, copies_fit, linear_kernel, packing_supported
@@ -25,7 +30,8 @@ from runtime.cpu.output_layer import TimedOutputLayer
 from runtime.cpu.packed_linear import pack_linears
 from runtime.cpu.precision import Precision
 from runtime.device import host_available_bytes
-from runtime.gguf_groups import Int4Groups
+from runtime.gguf_groups import INT4_GROUPS_FILE, Int4Groups
+from runtime.gguf_int8_groups import INT8_GROUPS_FILE, Int8Groups
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +47,41 @@ def check_quantization(name: str | None, device: torch.device, dtype: torch.dtyp
                          "(use --dtype bfloat16, or auto on a CPU with bf16 units)")
 
 
+def ships_quantized(folder: Path) -> bool:
+    """Whether the checkpoint folder was converted from a GGUF that keeps quantized tensors."""
+    return any((folder / name).is_file() for name in (INT4_GROUPS_FILE, INT8_GROUPS_FILE))
+
+
+def resolve_quantization(name: str | None, device: torch.device, dtype: torch.dtype, folder: Path,
+                         load_format: str) -> str | None:
+    """`--quantization` as this engine serves it. Unset: gguf where the checkpoint came from a
+    GGUF and this CPU runs its kernels at memory speed with bf16 activations (the model as
+    shipped, at the fewest bytes a step), else none (the checkpoint's weights in --dtype);
+    "none": never quantized."""
+    if name == "none":
+        return None
+    if name is None:
+        serve_shipped = (device.type == "cpu" and dtype == torch.bfloat16 and load_format != "dummy"
+                         and ships_quantized(folder) and group_kernel_fast())
+        return "gguf" if serve_shipped else None
+    check_quantization(name, device, dtype)
+    if name == "gguf":
+        if load_format == "dummy" or not ships_quantized(folder):
+            raise ValueError(f"quantization gguf needs a checkpoint converted from a GGUF ({INT4_GROUPS_FILE} or "
+                             f"{INT8_GROUPS_FILE} in {folder}), with real weights (load_format {load_format!r})")
+        if cpu_ops() is None:
+            raise ValueError("quantization gguf needs the fused CPU kernels (kernels/cpu_ops.py), and they are "
+                             "unavailable here (RADIXSERVE_CPU_OPS=0, or no C++ compiler)")
+    return name
+
+
 def prepare(model: nn.Module, precision: Precision, quantization: str | None,
-            int4_groups: dict[str, Int4Groups] | None = None) -> TimedOutputLayer:
+            int4_groups: dict[str, Int4Groups] | None = None, int8_groups: dict[str, Int8Groups] | None = None,
+            output_name: str = "lm_head.weight") -> TimedOutputLayer:
     """Swap the model's linear layers for the CPU's fastest kinds; returns its output layer.
-    `int4_groups`: the checkpoint's own 4-bit weights (runtime/gguf_groups.py), served as shipped
-    under int4."""
+    `int4_groups`, `int8_groups`: the checkpoint's own quantized weights (runtime/gguf_groups.py,
+    runtime/gguf_int8_groups.py), served as shipped under int4 (the 4-bit ones) and gguf (both);
+    `output_name`: the checkpoint's name for the output layer's weight."""
     weight, dtype = model.output_weight, precision.dtype
     ways: dict[str, Kernel] = {}
     packed = packing_supported(dtype) and copies_fit(model, host_available_bytes())
@@ -57,6 +93,12 @@ def prepare(model: nn.Module, precision: Precision, quantization: str | None,
         logger.info("int4: %d linear layers, %d of them from the checkpoint's own 4-bit codes", swapped, shipped)
         if fits_int4(weight):
             ways["int4"] = int4_kernel(weight, None)
+    elif quantization == "gguf":  # the checkpoint's quantized weights as shipped, packed bf16 for more rows
+        four, eight = serve_gguf_linears(model, packed, int4_groups or {}, int8_groups or {})
+        logger.info("gguf: %d linear layers from the checkpoint's 4-bit codes, %d from its 5-8-bit codes", four, eight)
+        output_groups = (int8_groups or {}).get(output_name)
+        if output_groups is not None and output_groups.shape == tuple(weight.shape) and fits_group_kernel(output_groups):
+            ways["gguf int8"] = group_output_kernel(output_groups)
     elif precision.lowp_rows:  # fp32 with bf16 weight copies for few-row products
         use_dual_linears(model, precision.lowp_rows)
         lowp_kernel = linear_kernel(weight.detach().to(torch.bfloat16), None, packing_supported(torch.bfloat16))

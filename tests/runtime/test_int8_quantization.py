@@ -58,7 +58,7 @@ def test_int8_runner_is_close_to_bf16_and_serves(tmp_path: Path) -> None:
 
 def test_int8_refusals(tmp_path: Path) -> None:
     folder = save_tiny_model("llama", tmp_path)
-    with pytest.raises(ValueError, match="quantization must be int8, int4 or unset"):
+    with pytest.raises(ValueError, match="quantization must be gguf, int8, int4, none or unset"):
         Engine(model=str(folder), quantization="int3")
     with pytest.raises(ValueError, match="needs bf16 activations"):
         Engine(model=str(folder), dtype="float32", quantization="int8")

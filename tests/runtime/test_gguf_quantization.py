@@ -1,0 +1,141 @@
+"""A GGUF checkpoint served as shipped (`--quantization gguf`, the default where it applies):
+the 5-, 6- and 8-bit tensors decode to exactly the gguf package's weights, the converter keeps
+them, the layers read them, and the default resolves to gguf only where the CPU serves it well
+(decided from forced inputs, so this holds on every CPU kind)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import dequantize
+
+from kernels.cpu_ops import ops
+from runtime import Engine
+from runtime.cpu.gguf_linear import GROUP_MAX_ROWS, GroupLinear
+from runtime.cpu.int4_linear import Int4Linear
+from runtime.cpu.prepare import resolve_quantization
+from runtime.default_model import build_model_dir
+from runtime.gguf_int8_groups import EIGHT_BIT, INT8_GROUPS_FILE, read_int8_groups, tensor_groups
+from runtime.model_runner import ModelRunner, RunnerConfig
+from runtime.models.weights import checkpoint_files
+from tests.tiny_gguf import write_tiny_gemma3_gguf
+
+prepare_module = importlib.import_module("runtime.cpu.prepare")  # the package re-exports its function `prepare`
+needs_kernels = pytest.mark.skipif(ops() is None, reason="the CPU kernels could not be built here")
+CPU = torch.device("cpu")
+GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+
+
+def random_blocks(kind: GGMLQuantizationType, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
+    """Random codes and sub-block scales; the f16 scale finite and of weight-like size."""
+    blocks = rng.integers(0, 256, size=(n_blocks, GGML_QUANT_SIZES[kind][1]), dtype=np.uint8)
+    at = 208 if kind == GGMLQuantizationType.Q6_K else 0  # where the block's f16 d sits
+    d = (rng.standard_normal(n_blocks) * 0.01).astype(np.float16)
+    blocks[:, at:at + 2] = d.view(np.uint8).reshape(n_blocks, 2)
+    blocks[:3, at:at + 2] = 0  # a few all-zero groups
+    return blocks
+
+
+@pytest.mark.parametrize("kind", EIGHT_BIT, ids=lambda k: k.name)
+def test_decoded_groups_are_exactly_the_dequantized_weights(kind: GGMLQuantizationType) -> None:
+    rng = np.random.default_rng(int(kind))
+    rows, width = 4, 512
+    blocks = random_blocks(kind, rows * width // GGML_QUANT_SIZES[kind][0], rng)
+    groups = tensor_groups(kind, blocks, (rows, width))
+    assert groups is not None and groups.group == (16 if kind == GGMLQuantizationType.Q6_K else 32)
+    want = dequantize(blocks.reshape(rows, -1), kind).reshape(rows, width)
+    assert np.array_equal(groups.dequantize().numpy(), want)
+    assert tensor_groups(GGMLQuantizationType.Q4_K, blocks, (rows, width)) is None  # 4-bit: runtime/gguf_groups.py
+
+
+@pytest.fixture(scope="module")
+def mixed_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    tmp = tmp_path_factory.mktemp("gguf-mixed")
+    expected = write_tiny_gemma3_gguf(tmp / "tiny.gguf", mixed=True)
+    return build_model_dir(tmp / "tiny.gguf", tmp / "model", progress=False), expected
+
+
+def test_converter_keeps_the_8bit_tensors_beside_the_checkpoint(mixed_model: tuple[Path, dict]) -> None:
+    folder, expected = mixed_model
+    groups = read_int8_groups(folder)
+    four_bit = ("o_proj.weight", "down_proj.weight")
+    assert sorted(groups) == sorted(n for n, w in expected.items() if w.ndim == 2 and not n.endswith(four_bit))
+    for name, g in groups.items():
+        assert np.array_equal(g.dequantize().numpy(), expected[name])
+    assert [p.name for p in checkpoint_files(folder)] == ["model.safetensors"]  # not taken for a shard
+
+
+@pytest.mark.parametrize(("fast", "dtype", "files", "load_format", "want"), [
+    (True, torch.bfloat16, True, "auto", "gguf"),
+    (False, torch.bfloat16, True, "auto", None),  # no VNNI: the dequantized weights serve faster
+    (True, torch.float32, True, "auto", None),  # no bf16 units: fp32 activations
+    (True, torch.bfloat16, False, "auto", None),  # not converted from a GGUF
+    (True, torch.bfloat16, True, "dummy", None),
+])
+def test_the_default_serves_the_shipped_weights_only_where_it_pays(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast: bool, dtype: torch.dtype, files: bool,
+        load_format: str, want: str | None) -> None:
+    monkeypatch.setattr(prepare_module, "group_kernel_fast", lambda: fast)
+    if files:
+        (tmp_path / INT8_GROUPS_FILE).write_bytes(b"")
+    assert resolve_quantization(None, CPU, dtype, tmp_path, load_format) == want
+    assert resolve_quantization("none", CPU, dtype, tmp_path, load_format) is None
+    assert resolve_quantization(None, torch.device("meta"), dtype, tmp_path, load_format) is None
+
+
+def test_gguf_refusals(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="converted from a GGUF"):
+        resolve_quantization("gguf", CPU, torch.bfloat16, tmp_path, "auto")
+    (tmp_path / INT8_GROUPS_FILE).write_bytes(b"")
+    with pytest.raises(ValueError, match="needs bf16 activations"):
+        resolve_quantization("gguf", CPU, torch.float32, tmp_path, "auto")
+    with pytest.raises(ValueError, match="CPU only"):
+        resolve_quantization("gguf", torch.device("meta"), torch.bfloat16, tmp_path, "auto")
+    with pytest.raises(ValueError, match="quantization must be gguf, int8, int4, none or unset"):
+        Engine(model=str(tmp_path), quantization="q4_k_m")
+
+
+@needs_kernels
+def test_gguf_serves_every_layer_from_its_shipped_codes(mixed_model: tuple[Path, dict]) -> None:
+    folder, expected = mixed_model
+    runner = ModelRunner(RunnerConfig(folder, dtype="bfloat16", num_slots=64, max_requests=2, max_context=32,
+                                      quantization="gguf"))
+    assert runner.quantization == "gguf"
+    kinds = {name: type(m) for name, m in runner.model.named_modules() if isinstance(m, (GroupLinear, Int4Linear))}
+    layers = [f"model.layers.{i}" for i in range(2)]
+    assert {n for n, t in kinds.items() if t is Int4Linear} == {f"{p}.{s}" for p in layers
+                                                                 for s in ("self_attn.o_proj", "mlp.down_proj")}
+    # q, k (Q5_0) and v (Q8_0) fuse into one projection, as do gate and up: one group size each
+    assert {n for n, t in kinds.items() if t is GroupLinear} == {f"{p}.{s}" for p in layers
+                                                                  for s in ("self_attn.qkv_proj", "mlp.gate_up_proj")}
+    assert "gguf int8" in runner.output_layer.ways
+    layer = dict(runner.model.named_modules())["model.layers.0.mlp.gate_up_proj"]
+    exact_w = torch.cat([torch.from_numpy(expected[f"model.layers.0.mlp.{p}_proj.weight"]) for p in ("gate", "up")])
+    x = torch.randn(GROUP_MAX_ROWS, layer.in_features).bfloat16()
+    exact = x.float() @ exact_w.t()
+    assert (layer(x).float() - exact).norm() < 0.02 * exact.norm()  # int8 activations, bf16 output
+
+
+@needs_kernels
+def test_gguf_engine_generates_near_the_exact_weights(mixed_model: tuple[Path, dict]) -> None:
+    """The model as shipped, served two ways: gguf (codes) and fp32 (the exact dequantized
+    weights). Their first-token logits stay close, and gguf generates."""
+    folder, _ = mixed_model
+    prompt = [[2, 270, 271, 272, 273]]
+    with Engine(model=str(folder), dtype="bfloat16", quantization="gguf", kv_cache_tokens=128) as engine:
+        assert engine.info.quantization == "gguf"
+        out = engine.generate(input_ids=prompt, sampling_params=GREEDY)
+        assert len(out[0].token_ids) == GREEDY["max_new_tokens"]
+        assert (folder / INT8_GROUPS_FILE).is_file()
+    # one-row decode logits, gguf codes vs exact fp32 weights
+    runners = {q: ModelRunner(RunnerConfig(folder, dtype=d, num_slots=64, max_requests=1, max_context=32,
+                                           quantization=q)) for q, d in (("gguf", "bfloat16"), ("none", "float32"))}
+    hidden = torch.randn(1, 64)
+    logits = {q: r.output_layer(hidden.to(r.dtype), r.model.output_weight).float() for q, r in runners.items()}
+    assert (logits["gguf"] - logits["none"]).norm() < 0.02 * logits["none"].norm()
