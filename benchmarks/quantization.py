@@ -1,7 +1,7 @@
 """Weight quantization on the CPU: how close each way of serving the default model stays to its
 exact weights, and how fast one stream runs.
 
-    python -m benchmarks.quantization [--model default] [--tokens 32] [--json out.json]
+    python -m benchmarks.quantization [--model default] [--tokens 32] [--ways ...] [--json out.json]
 
 The default model is a GGUF (Q4_K_M: Q8_0, Q5_0, Q6_K and Q4_K tensors), so its exact weights are
 the dequantized ones in float32; the reference is that model in fp32. Compared with it: bf16
@@ -78,10 +78,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="default")
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--ways", nargs="+", choices=list(WAYS), default=list(WAYS),
+                        help="which ways to run (the first is the reference)")
     args = parser.parse_args(argv)
     result: dict[str, dict[str, float]] = {}
     reference: list[list[int]] = []
-    for name, (dtype, quantization) in WAYS.items():
+    for name in args.ways:
+        dtype, quantization = WAYS[name]
         outs, speed = continuations(args.model, dtype, quantization, args.tokens)
         reference = reference or outs
         result[name] = {"one_stream_tok_s": speed, **agreement(reference, outs)}

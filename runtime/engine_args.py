@@ -27,7 +27,7 @@ class EngineArgs:
                                                                "config.json alone, for benchmarks)"})
     quantization: str | None = field(default=None, metadata={
         "help": "gguf: a checkpoint converted from a GGUF serves its own quantized weights as shipped for "
-                "decode steps of few rows (the default on a CPU with bf16 units and AVX-512 VNNI); int8 or int4: "
+                "decode steps of few rows (the default on a CPU with bf16 units); int8 or int4: "
                 "weight-only int8 / int4 (groups of 32) linear and output layers, quantized here (outputs "
                 "change slightly, int4 more); none: the checkpoint's weights in --dtype. CPU only, bf16 "
                 "activations. Default: gguf where it applies, else none"})

@@ -4,9 +4,10 @@ llama.cpp's Q8_0, Q5_0 and Q6_K store each run of 32 (Q6_K: 16) weights as signe
 one scale: w = scale * q (Q5_0's codes are its 5-bit values less 16, Q6_K's its 6-bit values less
 32, its scale the super-block's d times the run's own 8-bit scale). Every such code fits a byte,
 so these tensors can be served *as shipped* by the group kernel (kernels/csrc/group_gemv.cpp,
-runtime/cpu/gguf_linear.py), reading one byte a weight, with no rounding to bf16. The converter
+runtime/cpu/gguf_linear.py), reading one byte a weight, with no rounding to bf16 (Q8_0 codes are
+int8 by the format: -128..127). The converter
 writes them to `int8-groups.st` in the model folder under their Hugging Face names, beside the
-4-bit ones of runtime/gguf_groups.py: codes as uint8 (q + 128) and float32 scales.
+4-bit ones of runtime/gguf_groups.py: codes as int8 and float32 scales.
 
 The codes are recovered from the gguf package's own dequantization (w / scale, exact: every
 w is scale * q computed in float32) and the scales read from the block headers; the tests check
@@ -33,9 +34,9 @@ EIGHT_BIT = (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q5_0, GGMLQuantizat
 
 @dataclass(frozen=True)
 class Int8Groups:
-    """One [N, K] weight: w[n, k] = scales[n, k // group] * (codes[n, k] - 128)."""
+    """One [N, K] weight: w[n, k] = scales[n, k // group] * codes[n, k]."""
 
-    codes: torch.Tensor  # uint8 [N, K]
+    codes: torch.Tensor  # int8 [N, K]
     scales: torch.Tensor  # float32 [N, K // group]
 
     @property
@@ -48,7 +49,7 @@ class Int8Groups:
 
     def dequantize(self) -> torch.Tensor:
         n, k = self.codes.shape
-        q = self.codes.reshape(n, k // self.group, self.group).float() - 128
+        q = self.codes.reshape(n, k // self.group, self.group).float()
         return (q * self.scales[..., None]).reshape(n, k)
 
     @staticmethod
@@ -89,7 +90,7 @@ def tensor_groups(kind: GGMLQuantizationType, data: np.ndarray, shape: tuple[int
     codes = np.rint(weights / safe[:, None])
     codes[scales == 0] = 0  # an all-zero group
     n, k = shape
-    return Int8Groups(torch.from_numpy((codes + 128).astype(np.uint8).reshape(n, k)),
+    return Int8Groups(torch.from_numpy(codes.astype(np.int8).reshape(n, k)),
                       torch.from_numpy(scales.astype(np.float32).reshape(n, k // group)))
 
 

@@ -8,8 +8,8 @@ reads two bytes a weight in every decode step and rounds each value (bf16 keeps 
 bits; Q8_0's f16 scale times an 8-bit code needs up to 18). Here a few-row product reads the
 shipped codes instead:
 - Q8_0, Q5_0 and Q6_K tensors (runtime/gguf_int8_groups.py) through the group kernel
-  (kernels/csrc/group_gemv.cpp): one byte a weight, exact weights, activations rounded to int8 in
-  runs of 32, as llama.cpp multiplies them;
+  (kernels/csrc/group_gemv.cpp): one byte a weight, the exact shipped weights times the bf16
+  activations, summed in float32;
 - Q4_K tensors (runtime/gguf_groups.py) through torch's int4 kernel, as `--quantization int4`
   does, bf16 activations.
 Products of more rows (prefill, wide batches) use the layer's packed bf16 weights, where the
@@ -36,7 +36,7 @@ GROUP_MAX_ROWS = 4  # past this the packed bf16 product is as fast (measured on 
 
 
 def group_kernel_fast() -> bool:
-    """Whether this machine runs the group kernel at memory speed (built with AVX-512 VNNI)."""
+    """Whether this machine runs the group kernel at memory speed (its AVX-512 loop)."""
     built = ops()
     return built is not None and bool(built.group_gemv_fast())
 
@@ -62,7 +62,7 @@ def group_output_kernel(groups: Int8Groups) -> Kernel:
 
 
 def fits_group_kernel(groups: Int8Groups) -> bool:
-    return groups.group in (16, 32) and groups.codes.shape[1] % 64 == 0
+    return groups.group in (16, 32) and groups.codes.dtype == torch.int8
 
 
 class GroupLinear(FewRowsLinear):

@@ -73,7 +73,7 @@ def test_converter_keeps_the_8bit_tensors_beside_the_checkpoint(mixed_model: tup
 
 @pytest.mark.parametrize(("fast", "dtype", "files", "load_format", "want"), [
     (True, torch.bfloat16, True, "auto", "gguf"),
-    (False, torch.bfloat16, True, "auto", None),  # no VNNI: the dequantized weights serve faster
+    (False, torch.bfloat16, True, "auto", None),  # no AVX-512: not measured to beat the dequantized weights
     (True, torch.float32, True, "auto", None),  # no bf16 units: fp32 activations
     (True, torch.bfloat16, False, "auto", None),  # not converted from a GGUF
     (True, torch.bfloat16, True, "dummy", None),
@@ -119,7 +119,7 @@ def test_gguf_serves_every_layer_from_its_shipped_codes(mixed_model: tuple[Path,
     exact_w = torch.cat([torch.from_numpy(expected[f"model.layers.0.mlp.{p}_proj.weight"]) for p in ("gate", "up")])
     x = torch.randn(GROUP_MAX_ROWS, layer.in_features).bfloat16()
     exact = x.float() @ exact_w.t()
-    assert (layer(x).float() - exact).norm() < 0.02 * exact.norm()  # int8 activations, bf16 output
+    assert (layer(x).float() - exact).norm() < 0.01 * exact.norm()  # exact weights; bf16 rounding of the output
 
 
 @needs_kernels
