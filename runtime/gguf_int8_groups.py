@@ -7,7 +7,8 @@ so these tensors can be served *as shipped* by the group kernel (kernels/csrc/gr
 runtime/cpu/gguf_linear.py), reading one byte a weight, with no rounding to bf16 (Q8_0 codes are
 int8 by the format: -128..127). The converter
 writes them to `int8-groups.st` in the model folder under their Hugging Face names, beside the
-4-bit ones of runtime/gguf_groups.py: codes as int8 and float32 scales.
+4-bit ones of runtime/gguf_groups.py: codes as int8, scales as float16 where the format's are
+(Q8_0, Q5_0) and float32 where they are products (Q6_K).
 
 The codes are recovered from the gguf package's own dequantization (w / scale, exact: every
 w is scale * q computed in float32) and the scales read from the block headers; the tests check
@@ -37,7 +38,7 @@ class Int8Groups:
     """One [N, K] weight: w[n, k] = scales[n, k // group] * codes[n, k]."""
 
     codes: torch.Tensor  # int8 [N, K]
-    scales: torch.Tensor  # float32 [N, K // group]
+    scales: torch.Tensor  # float16 or float32 [N, K // group]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -50,7 +51,7 @@ class Int8Groups:
     def dequantize(self) -> torch.Tensor:
         n, k = self.codes.shape
         q = self.codes.reshape(n, k // self.group, self.group).float()
-        return (q * self.scales[..., None]).reshape(n, k)
+        return (q * self.scales.float()[..., None]).reshape(n, k)
 
     @staticmethod
     def concat(parts: list[Int8Groups]) -> Int8Groups | None:
@@ -90,8 +91,9 @@ def tensor_groups(kind: GGMLQuantizationType, data: np.ndarray, shape: tuple[int
     codes = np.rint(weights / safe[:, None])
     codes[scales == 0] = 0  # an all-zero group
     n, k = shape
+    exact_half = kind != GGMLQuantizationType.Q6_K  # the block's own f16 d
     return Int8Groups(torch.from_numpy(codes.astype(np.int8).reshape(n, k)),
-                      torch.from_numpy(scales.astype(np.float32).reshape(n, k // group)))
+                      torch.from_numpy(scales.astype(np.float16 if exact_half else np.float32).reshape(n, k // group)))
 
 
 def write_int8_groups(reader: GGUFReader, out_dir: Path, hf_name: Callable[[str], str]) -> int:

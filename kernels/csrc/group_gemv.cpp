@@ -4,8 +4,10 @@
 // byte a weight instead of bf16's two is the step's speed; the default model's output layer
 // alone is 168M weights.
 //
-// Weights: signed codes int8 [N, K] and float32 scales [N, K / group], w[n, k] =
-// scales[n, k / group] * codes[n, k], group 16 or 32 (Q6_K's sub-blocks, Q8_0's and Q5_0's blocks).
+// Weights: signed codes int8 [N, K] and scales [N, K / group], w[n, k] = scales[n, k / group] *
+// codes[n, k], group 16 or 32 (Q6_K's sub-blocks, Q8_0's and Q5_0's blocks). Scales are float16
+// where the format's are (Q8_0, Q5_0: a sixteenth of a byte a weight instead of an eighth, 6% of
+// the output layer's bytes), else float32 (Q6_K's are d * an 8-bit scale).
 // Activations stay as they come (float32 or bf16, taken to float32); each group's sum of code x
 // activation is formed in float32 and scaled once. So the product is of the exact shipped weights
 // with the exact activations, up to the order of float sums: closer to the checkpoint than bf16
@@ -16,6 +18,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #if defined(__AVX512F__)
@@ -34,13 +37,13 @@ constexpr int64_t kMaxRows = 8;  // rows read with one pass over the weights
 
 #if RADIXSERVE_GROUP_AVX512
 // Weight rows [begin, end) against M float activation rows x [M, k], into out[m * n + j].
-template <int M>
-void dot_rows(const int8_t* w, const float* scales, int64_t n, int64_t k, int64_t group, int64_t begin, int64_t end,
+template <int M, typename S>
+void dot_rows(const int8_t* w, const S* scales, int64_t n, int64_t k, int64_t group, int64_t begin, int64_t end,
               const float* x, float* out) {
   const int64_t groups = k / group;
   for (int64_t j = begin; j < end; ++j) {
     const int8_t* wj = w + j * k;
-    const float* sj = scales + j * groups;
+    const S* sj = scales + j * groups;
     __m512 acc[M];
     for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
@@ -51,15 +54,15 @@ void dot_rows(const int8_t* w, const float* scales, int64_t n, int64_t k, int64_
             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wj + i))));
         for (int m = 0; m < M; ++m) part[m] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + m * k + i), part[m]);
       }
-      const __m512 scale = _mm512_set1_ps(sj[g]);
+      const __m512 scale = _mm512_set1_ps(static_cast<float>(sj[g]));
       for (int m = 0; m < M; ++m) acc[m] = _mm512_fmadd_ps(part[m], scale, acc[m]);
     }
     for (int m = 0; m < M; ++m) out[m * n + j] = _mm512_reduce_add_ps(acc[m]);
   }
 }
 #else
-template <int M>
-void dot_rows(const int8_t* w, const float* scales, int64_t n, int64_t k, int64_t group, int64_t begin, int64_t end,
+template <int M, typename S>
+void dot_rows(const int8_t* w, const S* scales, int64_t n, int64_t k, int64_t group, int64_t begin, int64_t end,
               const float* x, float* out) {
   const int64_t groups = k / group;
   for (int64_t j = begin; j < end; ++j) {
@@ -71,7 +74,7 @@ void dot_rows(const int8_t* w, const float* scales, int64_t n, int64_t k, int64_
         float part = 0.f;
 #pragma omp simd reduction(+ : part)
         for (int64_t i = g * group; i < (g + 1) * group; ++i) part += static_cast<float>(wj[i]) * xm[i];
-        acc += part * scales[j * groups + g];
+        acc += part * static_cast<float>(scales[j * groups + g]);
       }
       out[m * n + j] = acc;
     }
@@ -86,9 +89,9 @@ void check(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, i
               "group_gemv: codes are contiguous int8 [N, K] with K = x's width");
   TORCH_CHECK(group == 16 || group == 32, "group_gemv: group is 16 or 32");
   TORCH_CHECK(w.size(1) % group == 0, "group_gemv: K is a multiple of the group");
-  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == at::kFloat && scales.dim() == 2 &&
-                  scales.size(0) == w.size(0) && scales.size(1) == w.size(1) / group,
-              "group_gemv: scales are float32 [N, K / group]");
+  TORCH_CHECK(scales.is_contiguous() && (scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kHalf) &&
+                  scales.dim() == 2 && scales.size(0) == w.size(0) && scales.size(1) == w.size(1) / group,
+              "group_gemv: scales are float32 or float16 [N, K / group]");
   TORCH_CHECK(x.size(0) <= kMaxRows, "group_gemv: at most 8 rows a call");
 }
 
@@ -99,20 +102,25 @@ at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   const at::Tensor xf = x.to(at::kFloat).contiguous();  // a few KB: converted once, read by every weight row
   at::Tensor out = at::empty({rows, n}, x.options().dtype(at::kFloat));
   const int8_t* wp = w.data_ptr<int8_t>();
-  const float* sp = scales.data_ptr<float>();
   const float* xp = xf.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / k);  // small layers stay on one thread
-  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-    switch (rows) {
+  const auto run = [&](const auto* sp) {
+    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+      switch (rows) {
 #define RADIXSERVE_ROWS(M) \
   case M:                  \
     return dot_rows<M>(wp, sp, n, k, group, begin, end, xp, op);
-      RADIXSERVE_ROWS(1) RADIXSERVE_ROWS(2) RADIXSERVE_ROWS(3) RADIXSERVE_ROWS(4)
-      RADIXSERVE_ROWS(5) RADIXSERVE_ROWS(6) RADIXSERVE_ROWS(7) RADIXSERVE_ROWS(8)
+        RADIXSERVE_ROWS(1) RADIXSERVE_ROWS(2) RADIXSERVE_ROWS(3) RADIXSERVE_ROWS(4)
+        RADIXSERVE_ROWS(5) RADIXSERVE_ROWS(6) RADIXSERVE_ROWS(7) RADIXSERVE_ROWS(8)
 #undef RADIXSERVE_ROWS
-    }
-  });
+      }
+    });
+  };
+  if (scales.scalar_type() == at::kHalf)
+    run(scales.data_ptr<c10::Half>());
+  else
+    run(scales.data_ptr<float>());
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 

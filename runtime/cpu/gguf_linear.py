@@ -45,7 +45,7 @@ def group_kernel(groups: Int8Groups, bias: torch.Tensor | None) -> Kernel:
     """x -> x @ (scales * codes).T + bias, reading the codes."""
     op = ops()
     assert op is not None, "the group kernel needs the CPU kernels built (kernels/cpu_ops.py)"
-    codes, scales, group = groups.codes.contiguous(), groups.scales.float().contiguous(), groups.group
+    codes, scales, group = groups.codes.contiguous(), groups.scales.contiguous(), groups.group
 
     def run(x: torch.Tensor) -> torch.Tensor:
         out = op.group_gemv(x.contiguous(), codes, scales, group)

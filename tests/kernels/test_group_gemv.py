@@ -16,21 +16,24 @@ from kernels.cpu_ops import ops
 pytestmark = pytest.mark.skipif(ops() is None, reason="the CPU kernels could not be built here")
 
 
-def weights(n: int, k: int, group: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def weights(n: int, k: int, group: int, seed: int = 0,
+            scale_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """codes (int8, the whole range), scales, and the weights they stand for (float64)."""
     g = torch.Generator().manual_seed(seed)
     codes = torch.randint(-128, 128, (n, k), generator=g).to(torch.int8)
-    scales = torch.rand(n, k // group, generator=g) * 0.01
+    scales = (torch.rand(n, k // group, generator=g) * 0.01).to(scale_dtype)
     exact = (codes.double().reshape(n, k // group, group) * scales.double()[..., None]).reshape(n, k)
     return codes, scales, exact
 
 
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("group", [16, 32])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
-def test_the_exact_product_of_the_shipped_weights(group: int, dtype: torch.dtype, rows: int) -> None:
+def test_the_exact_product_of_the_shipped_weights(group: int, dtype: torch.dtype, rows: int,
+                                                  scale_dtype: torch.dtype) -> None:
     n, k = 96, 192
-    codes, scales, exact = weights(n, k, group, seed=rows)
+    codes, scales, exact = weights(n, k, group, seed=rows, scale_dtype=scale_dtype)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(7)).to(dtype)
     out = ops().group_gemv(x, codes, scales, group)
     assert out.dtype == dtype and out.shape == (rows, n)
@@ -61,7 +64,7 @@ def test_strided_rows_and_no_rows() -> None:
     ({"k": 48}, "multiple of the group"),
     ({"rows": 9}, "at most 8 rows"),
     ({"codes_dtype": torch.uint8}, "int8"),
-    ({"scales_dtype": torch.bfloat16}, "float32"),
+    ({"scales_dtype": torch.bfloat16}, "float32 or float16"),
 ])
 def test_bad_input_is_refused(change: dict, message: str) -> None:
     k, group, rows = change.get("k", 64), change.get("group", 32), change.get("rows", 1)

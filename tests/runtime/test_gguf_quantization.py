@@ -48,7 +48,9 @@ def test_decoded_groups_are_exactly_the_dequantized_weights(kind: GGMLQuantizati
     rows, width = 4, 512
     blocks = random_blocks(kind, rows * width // GGML_QUANT_SIZES[kind][0], rng)
     groups = tensor_groups(kind, blocks, (rows, width))
-    assert groups is not None and groups.group == (16 if kind == GGMLQuantizationType.Q6_K else 32)
+    q6 = kind == GGMLQuantizationType.Q6_K
+    assert groups is not None and groups.group == (16 if q6 else 32)
+    assert groups.scales.dtype == (torch.float32 if q6 else torch.float16)  # the block's own f16 d where exact
     want = dequantize(blocks.reshape(rows, -1), kind).reshape(rows, width)
     assert np.array_equal(groups.dequantize().numpy(), want)
     assert tensor_groups(GGMLQuantizationType.Q4_K, blocks, (rows, width)) is None  # 4-bit: runtime/gguf_groups.py
