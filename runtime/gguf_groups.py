@@ -13,8 +13,9 @@ Q8_0, ...). Q4_K's super-block header is unpacked by the gguf package's own read
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ from safetensors.torch import save_file
 
 # Not "*.safetensors": loaders (ours, vLLM's) take every such file in a folder for the checkpoint.
 INT4_GROUPS_FILE = "int4-groups.st"
+G = TypeVar("G")
 GROUP = 32  # weights per (scale, low) in every format below
 FOUR_BIT = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
 
@@ -102,15 +104,21 @@ def tensor_groups(kind: GGMLQuantizationType, data: np.ndarray, shape: tuple[int
                       torch.from_numpy(lows.reshape(n, k // GROUP).copy()))
 
 
+def decoded_tensors(reader: GGUFReader, decode: Callable[[GGMLQuantizationType, np.ndarray, tuple[int, int]], G | None],
+                    hf_name: Callable[[str], str]) -> Iterator[tuple[str, G]]:
+    """(Hugging Face name, groups) of every tensor of the GGUF that `decode(kind, data, shape)`
+    keeps (this file's tensor_groups, or runtime/gguf_int8_groups.py's)."""
+    for tensor in reader.tensors:
+        shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the fastest dimension first
+        groups = decode(tensor.tensor_type, tensor.data, shape)  # type: ignore[arg-type]
+        if groups is not None:
+            yield hf_name(tensor.name), groups
+
+
 def write_int4_groups(reader: GGUFReader, out_dir: Path, hf_name: Callable[[str], str]) -> int:
     """Write INT4_GROUPS_FILE for the GGUF's 4-bit tensors (`hf_name(gguf_name)` names them); how many."""
     tensors: dict[str, torch.Tensor] = {}
-    for tensor in reader.tensors:
-        shape = tuple(int(d) for d in reversed(tensor.shape))
-        groups = tensor_groups(tensor.tensor_type, tensor.data, shape)  # type: ignore[arg-type]
-        if groups is None:
-            continue
-        name = hf_name(tensor.name)
+    for name, groups in decoded_tensors(reader, tensor_groups, hf_name):
         # two codes a byte on disk (low nibble first)
         tensors[f"{name}:q"] = groups.q[:, 0::2] | (groups.q[:, 1::2] << 4)
         tensors[f"{name}:scales"], tensors[f"{name}:lows"] = groups.scales, groups.lows

@@ -29,6 +29,8 @@ from gguf.quants import dequantize
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from runtime.gguf_groups import decoded_tensors
+
 INT8_GROUPS_FILE = "int8-groups.st"
 EIGHT_BIT = (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q6_K)
 
@@ -100,12 +102,7 @@ def write_int8_groups(reader: GGUFReader, out_dir: Path, hf_name: Callable[[str]
     """Write INT8_GROUPS_FILE for the GGUF's 5-, 6- and 8-bit tensors (`hf_name(gguf_name)` names
     them); how many."""
     tensors: dict[str, torch.Tensor] = {}
-    for tensor in reader.tensors:
-        shape = tuple(int(d) for d in reversed(tensor.shape))
-        groups = tensor_groups(tensor.tensor_type, tensor.data, shape)  # type: ignore[arg-type]
-        if groups is None:
-            continue
-        name = hf_name(tensor.name)
+    for name, groups in decoded_tensors(reader, tensor_groups, hf_name):
         tensors[f"{name}:codes"], tensors[f"{name}:scales"] = groups.codes, groups.scales
     save_file(tensors, str(out_dir / INT8_GROUPS_FILE), metadata={"format": "radixserve-int8-groups"})
     return len(tensors) // 2

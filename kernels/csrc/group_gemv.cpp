@@ -35,7 +35,6 @@ namespace {
 
 constexpr int64_t kMaxRows = 8;  // rows read with one pass over the weights
 
-#if RADIXSERVE_GROUP_AVX512
 // Weight rows [begin, end) against M float activation rows x [M, k], into out[m * n + j].
 template <int M, typename S>
 void dot_rows(const int8_t* w, const S* scales, int64_t n, int64_t k, int64_t group, int64_t begin, int64_t end,
@@ -44,6 +43,7 @@ void dot_rows(const int8_t* w, const S* scales, int64_t n, int64_t k, int64_t gr
   for (int64_t j = begin; j < end; ++j) {
     const int8_t* wj = w + j * k;
     const S* sj = scales + j * groups;
+#if RADIXSERVE_GROUP_AVX512
     __m512 acc[M];
     for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
@@ -58,15 +58,7 @@ void dot_rows(const int8_t* w, const S* scales, int64_t n, int64_t k, int64_t gr
       for (int m = 0; m < M; ++m) acc[m] = _mm512_fmadd_ps(part[m], scale, acc[m]);
     }
     for (int m = 0; m < M; ++m) out[m * n + j] = _mm512_reduce_add_ps(acc[m]);
-  }
-}
 #else
-template <int M, typename S>
-void dot_rows(const int8_t* w, const S* scales, int64_t n, int64_t k, int64_t group, int64_t begin, int64_t end,
-              const float* x, float* out) {
-  const int64_t groups = k / group;
-  for (int64_t j = begin; j < end; ++j) {
-    const int8_t* wj = w + j * k;
     for (int m = 0; m < M; ++m) {
       const float* xm = x + m * k;
       float acc = 0.f;
@@ -74,13 +66,13 @@ void dot_rows(const int8_t* w, const S* scales, int64_t n, int64_t k, int64_t gr
         float part = 0.f;
 #pragma omp simd reduction(+ : part)
         for (int64_t i = g * group; i < (g + 1) * group; ++i) part += static_cast<float>(wj[i]) * xm[i];
-        acc += part * static_cast<float>(scales[j * groups + g]);
+        acc += part * static_cast<float>(sj[g]);
       }
       out[m * n + j] = acc;
     }
+#endif
   }
 }
-#endif
 
 void check(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, int64_t group) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
