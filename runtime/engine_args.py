@@ -27,10 +27,10 @@ class EngineArgs:
                                                                "config.json alone, for benchmarks)"})
     quantization: str | None = field(default=None, metadata={
         "help": "gguf: a checkpoint converted from a GGUF serves its own quantized weights as shipped for "
-                "decode steps of few rows (the default on a CPU with bf16 units); int8 or int4: "
-                "weight-only int8 / int4 (groups of 32) linear and output layers, quantized here (outputs "
-                "change slightly, int4 more); none: the checkpoint's weights in --dtype. CPU only, bf16 "
-                "activations. Default: gguf where it applies, else none"})
+                "decode steps of few rows (bf16 or fp32 activations; the default on a CPU with AVX-512); "
+                "int8 or int4: weight-only int8 / int4 (groups of 32) linear and output layers, quantized "
+                "here (outputs change slightly, int4 more; bf16 activations); none: the checkpoint's "
+                "weights in --dtype. CPU only. Default: gguf where it applies, else none"})
     page_size: int = field(default=1, metadata={"help": "KV slots per page; the prefix cache shares whole pages"})
     kv_cache_tokens: int | None = field(default=None, metadata={"help": "KV pool size in tokens (default: from --kv-cache-memory-fraction)"})
     kv_cache_memory_fraction: float | None = field(default=None, metadata={

@@ -12,9 +12,11 @@ shipped codes instead:
   activations, summed in float32;
 - Q4_K tensors (runtime/gguf_groups.py) through torch's int4 kernel, as `--quantization int4`
   does, bf16 activations.
-Products of more rows (prefill, wide batches) use the layer's packed bf16 weights, where the
-product is compute-bound and the weights' bytes matter little; the output layer times both per
-batch size (runtime/cpu/output_layer.py).
+Products of more rows (prefill, wide batches) use the layer's own weights in --dtype, packed,
+where the product is compute-bound and the weights' bytes matter little; the output layer times
+both per batch size (runtime/cpu/output_layer.py). With fp32 activations (`--dtype auto` on a
+CPU without bf16 units) the int8 codes serve the same way, and the Q4_K layers, which torch's
+int4 kernel takes only with bf16 activations, keep the precision's own layers.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from torch import nn
 from kernels.cpu_ops import ops
 from runtime.cpu.int4_linear import Int4Linear, fits_int4, shipped_groups
 from runtime.cpu.kernel_linear import FewRowsLinear, Kernel, swap_linears
-from runtime.cpu.packed_linear import PackedLinear
 from runtime.gguf_groups import Int4Groups
 from runtime.gguf_int8_groups import Int8Groups
 
@@ -74,8 +75,10 @@ class GroupLinear(FewRowsLinear):
 
 def serve_gguf_linears(model: nn.Module, packed: bool, int4: Mapping[str, Int4Groups],
                        int8: Mapping[str, Int8Groups]) -> tuple[int, int]:
-    """Swap every nn.Linear of a loaded bf16 model (not the output head) whose weights the
-    checkpoint ships quantized for a layer that reads them; (int4 layers, int8 group layers)."""
+    """Swap every nn.Linear of a loaded model (not the output head) whose weights the checkpoint
+    ships quantized for a layer that reads them (int4 ones need bf16 activations); the others
+    stay plain, for runtime/cpu/prepare.py to serve as the precision does. Returns (int4 layers,
+    int8 group layers)."""
     names = {id(module): name for name, module in model.named_modules()}  # once, not per layer
 
     def make(linear: nn.Linear) -> nn.Linear:
@@ -86,7 +89,7 @@ def serve_gguf_linears(model: nn.Module, packed: bool, int4: Mapping[str, Int4Gr
         eight = shipped_groups(name, linear, int8, Int8Groups.concat)
         if eight is not None and fits_group_kernel(eight):
             return GroupLinear(linear, packed, eight)
-        return PackedLinear(linear) if packed else linear
+        return linear
 
     swap_linears(model, make)
     layers = list(model.modules())

@@ -5,8 +5,8 @@ and is otherwise the same on every device. What it does depends on the precision
 resolved to (runtime/cpu/precision.py) and on `--quantization`:
 - int8 / int4: weight-only int8 or int4 layers for few-row products, packed bf16 for more
   (int8_linear.py, int4_linear.py);
-- gguf: a GGUF checkpoint's own quantized weights for few-row products, packed bf16 for more
-  (gguf_linear.py);
+- gguf: a GGUF checkpoint's own quantized weights for few-row products (gguf_linear.py), then
+  whichever of the ways below the precision takes for the rest;
 - fp32 with bf16 weight copies for few rows, on CPUs without bf16 units (dual_linear.py);
 - otherwise oneDNN-packed layers (packed_linear.py), where the copies fit in RAM.
 The output layer gets the matching ways over prepared weights and times them per batch size.
@@ -34,6 +34,7 @@ from runtime.gguf_groups import INT4_GROUPS_FILE, Int4Groups
 from runtime.gguf_int8_groups import INT8_GROUPS_FILE, Int8Groups
 
 logger = logging.getLogger(__name__)
+GGUF_DTYPES = (torch.bfloat16, torch.float32)  # activations the group kernel takes
 
 
 def check_quantization(name: str | None, device: torch.device, dtype: torch.dtype) -> None:
@@ -55,23 +56,28 @@ def ships_quantized(folder: Path) -> bool:
 def resolve_quantization(name: str | None, device: torch.device, dtype: torch.dtype, folder: Path,
                          load_format: str) -> str | None:
     """`--quantization` as this engine serves it. Unset: gguf where the checkpoint came from a
-    GGUF and this CPU runs its kernels at memory speed with bf16 activations (the model as
-    shipped, at the fewest bytes a step), else none (the checkpoint's weights in --dtype);
-    "none": never quantized."""
+    GGUF and this CPU runs the group kernel at memory speed (the model as shipped, at the fewest
+    bytes a step; with fp32 activations, as `--dtype auto` picks on CPUs without bf16 units, its
+    products are those of the fp32 model up to the order of sums), else none (the checkpoint's
+    weights in --dtype); "none": never quantized."""
     if name == "none":
         return None
     if name is None:
-        serve_shipped = (device.type == "cpu" and dtype == torch.bfloat16 and load_format != "dummy"
+        serve_shipped = (device.type == "cpu" and dtype in GGUF_DTYPES and load_format != "dummy"
                          and ships_quantized(folder) and group_kernel_fast())
         return "gguf" if serve_shipped else None
-    check_quantization(name, device, dtype)
     if name == "gguf":
+        if device.type != "cpu" or dtype not in GGUF_DTYPES:
+            raise ValueError(f"quantization gguf is implemented for the CPU with bf16 or fp32 activations, and this "
+                             f"is {device.type} with {dtype}")
         if load_format == "dummy" or not ships_quantized(folder):
             raise ValueError(f"quantization gguf needs a checkpoint converted from a GGUF ({INT4_GROUPS_FILE} or "
                              f"{INT8_GROUPS_FILE} in {folder}), with real weights (load_format {load_format!r})")
         if cpu_ops() is None:
             raise ValueError("quantization gguf needs the fused CPU kernels (kernels/cpu_ops.py), and they are "
                              "unavailable here (RADIXSERVE_CPU_OPS=0, or no C++ compiler)")
+    else:
+        check_quantization(name, device, dtype)
     return name
 
 
@@ -85,6 +91,16 @@ def prepare(model: nn.Module, precision: Precision, quantization: str | None,
     weight, dtype = model.output_weight, precision.dtype
     ways: dict[str, Kernel] = {}
     packed = packing_supported(dtype) and copies_fit(model, host_available_bytes())
+    if quantization == "gguf":
+        # The checkpoint's quantized weights as shipped for few rows (its 4-bit ones only with bf16
+        # activations, torch's int4 kernel's); the layers it does not ship quantized, and every
+        # product of more rows, as the precision serves them below.
+        four, eight = serve_gguf_linears(model, packed, int4_groups if dtype == torch.bfloat16 else {},
+                                         int8_groups or {})
+        logger.info("gguf: %d linear layers from the checkpoint's 4-bit codes, %d from its 5-8-bit codes", four, eight)
+        output_groups = (int8_groups or {}).get(output_name)
+        if output_groups is not None and output_groups.shape == tuple(weight.shape) and fits_group_kernel(output_groups):
+            ways["gguf int8"] = group_output_kernel(output_groups)
     if quantization == "int8":  # opt-in: int8 weights for few rows, packed bf16 for more
         quantize_linears(model, packed)
         ways["int8"] = int8_kernel(weight, None)
@@ -93,12 +109,6 @@ def prepare(model: nn.Module, precision: Precision, quantization: str | None,
         logger.info("int4: %d linear layers, %d of them from the checkpoint's own 4-bit codes", swapped, shipped)
         if fits_int4(weight):
             ways["int4"] = int4_kernel(weight, None)
-    elif quantization == "gguf":  # the checkpoint's quantized weights as shipped, packed bf16 for more rows
-        four, eight = serve_gguf_linears(model, packed, int4_groups or {}, int8_groups or {})
-        logger.info("gguf: %d linear layers from the checkpoint's 4-bit codes, %d from its 5-8-bit codes", four, eight)
-        output_groups = (int8_groups or {}).get(output_name)
-        if output_groups is not None and output_groups.shape == tuple(weight.shape) and fits_group_kernel(output_groups):
-            ways["gguf int8"] = group_output_kernel(output_groups)
     elif precision.lowp_rows:  # fp32 with bf16 weight copies for few-row products
         use_dual_linears(model, precision.lowp_rows)
         lowp_kernel = linear_kernel(weight.detach().to(torch.bfloat16), None, packing_supported(torch.bfloat16))

@@ -18,6 +18,7 @@ from gguf.quants import dequantize
 from kernels.cpu_ops import ops
 from runtime import Engine
 from runtime.cpu.gguf_linear import GROUP_MAX_ROWS, GroupLinear
+from runtime.cpu.gguf_linear import group_kernel_fast as gguf_fast
 from runtime.cpu.int4_linear import Int4Linear
 from runtime.cpu.prepare import resolve_quantization
 from runtime.default_model import build_model_dir
@@ -76,7 +77,8 @@ def test_converter_keeps_the_8bit_tensors_beside_the_checkpoint(mixed_model: tup
 @pytest.mark.parametrize(("fast", "dtype", "files", "load_format", "want"), [
     (True, torch.bfloat16, True, "auto", "gguf"),
     (False, torch.bfloat16, True, "auto", None),  # no AVX-512: not measured to beat the dequantized weights
-    (True, torch.float32, True, "auto", None),  # no bf16 units: fp32 activations
+    (True, torch.float32, True, "auto", "gguf"),  # fp32 activations (no bf16 units): the codes still serve
+    (True, torch.float16, True, "auto", None),
     (True, torch.bfloat16, False, "auto", None),  # not converted from a GGUF
     (True, torch.bfloat16, True, "dummy", None),
 ])
@@ -95,10 +97,11 @@ def test_gguf_refusals(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="converted from a GGUF"):
         resolve_quantization("gguf", CPU, torch.bfloat16, tmp_path, "auto")
     (tmp_path / INT8_GROUPS_FILE).write_bytes(b"")
-    with pytest.raises(ValueError, match="needs bf16 activations"):
-        resolve_quantization("gguf", CPU, torch.float32, tmp_path, "auto")
-    with pytest.raises(ValueError, match="CPU only"):
+    with pytest.raises(ValueError, match="bf16 or fp32 activations"):
+        resolve_quantization("gguf", CPU, torch.float16, tmp_path, "auto")
+    with pytest.raises(ValueError, match="for the CPU"):
         resolve_quantization("gguf", torch.device("meta"), torch.bfloat16, tmp_path, "auto")
+    assert resolve_quantization("gguf", CPU, torch.float32, tmp_path, "auto") == "gguf"
     with pytest.raises(ValueError, match="quantization must be gguf, int8, int4, none or unset"):
         Engine(model=str(tmp_path), quantization="q4_k_m")
 
@@ -141,3 +144,24 @@ def test_gguf_engine_generates_near_the_exact_weights(mixed_model: tuple[Path, d
     hidden = torch.randn(1, 64)
     logits = {q: r.output_layer(hidden.to(r.dtype), r.model.output_weight).float() for q, r in runners.items()}
     assert (logits["gguf"] - logits["none"]).norm() < 0.02 * logits["none"].norm()
+
+
+@needs_kernels
+def test_gguf_with_fp32_activations_is_the_fp32_model(mixed_model: tuple[Path, dict]) -> None:
+    """On CPUs without bf16 units `--dtype auto` is fp32: the int8 codes still serve few-row
+    products (exact weights, fp32 sums), the Q4_K-like layers keep fp32 layers (torch's int4
+    kernel takes bf16 only), and the logits are the fp32 model's up to the order of sums."""
+    folder, _ = mixed_model
+    runners = {q: ModelRunner(RunnerConfig(folder, dtype="float32", num_slots=64, max_requests=1, max_context=32,
+                                           quantization=q)) for q in ("gguf", "none")}
+    gguf = runners["gguf"]
+    assert gguf.quantization == "gguf" and gguf.dtype == torch.float32
+    kinds = {type(m) for m in gguf.model.modules()}
+    assert GroupLinear in kinds and Int4Linear not in kinds
+    hidden = torch.randn(1, 64)
+    logits = {q: r.output_layer(hidden, r.model.output_weight) for q, r in runners.items()}
+    assert torch.allclose(logits["gguf"], logits["none"], rtol=1e-4, atol=1e-4 * logits["none"].abs().max().item())
+    prompt = [[2, 270, 271, 272, 273]]
+    with Engine(model=str(folder), dtype="float32", kv_cache_tokens=128) as engine:
+        assert engine.info.quantization == ("gguf" if gguf_fast() else None)
+        assert len(engine.generate(input_ids=prompt, sampling_params=GREEDY)[0].token_ids) == GREEDY["max_new_tokens"]
