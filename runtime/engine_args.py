@@ -27,7 +27,7 @@ class EngineArgs:
                                                                "config.json alone, for benchmarks)"})
     quantization: str | None = field(default=None, metadata={
         "help": "gguf: a checkpoint converted from a GGUF serves its own quantized weights as shipped for "
-                "decode steps of few rows (bf16 or fp32 activations; the default on a CPU with AVX-512); "
+                "decode steps of few rows (bf16 or fp32 activations; the default on a CPU with AVX-512 or AVX2); "
                 "int8 or int4: weight-only int8 / int4 (groups of 32) linear and output layers, quantized "
                 "here (outputs change slightly, int4 more; bf16 activations); none: the checkpoint's "
                 "weights in --dtype. CPU only. Default: gguf where it applies, else none"})

@@ -23,9 +23,12 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
-#define RADIXSERVE_GROUP_AVX512 1
+#define RADIXSERVE_GROUP_SIMD 512
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define RADIXSERVE_GROUP_SIMD 256
 #else
-#define RADIXSERVE_GROUP_AVX512 0
+#define RADIXSERVE_GROUP_SIMD 0
 #endif
 
 #include <algorithm>
@@ -43,7 +46,7 @@ void dot_rows(const int8_t* w, const S* scales, int64_t n, int64_t k, int64_t gr
   for (int64_t j = begin; j < end; ++j) {
     const int8_t* wj = w + j * k;
     const S* sj = scales + j * groups;
-#if RADIXSERVE_GROUP_AVX512
+#if RADIXSERVE_GROUP_SIMD == 512
     __m512 acc[M];
     for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
@@ -58,6 +61,25 @@ void dot_rows(const int8_t* w, const S* scales, int64_t n, int64_t k, int64_t gr
       for (int m = 0; m < M; ++m) acc[m] = _mm512_fmadd_ps(part[m], scale, acc[m]);
     }
     for (int m = 0; m < M; ++m) out[m * n + j] = _mm512_reduce_add_ps(acc[m]);
+#elif RADIXSERVE_GROUP_SIMD == 256
+    __m256 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+      __m256 part[M];
+      for (int m = 0; m < M; ++m) part[m] = _mm256_setzero_ps();
+      for (int64_t i = g * group; i < (g + 1) * group; i += 8) {
+        const __m256 wv = _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wj + i))));
+        for (int m = 0; m < M; ++m) part[m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * k + i), part[m]);
+      }
+      const __m256 scale = _mm256_set1_ps(static_cast<float>(sj[g]));
+      for (int m = 0; m < M; ++m) acc[m] = _mm256_fmadd_ps(part[m], scale, acc[m]);
+    }
+    for (int m = 0; m < M; ++m) {
+      const __m128 half = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
+      const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
+      out[m * n + j] = _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+    }
 #else
     for (int m = 0; m < M; ++m) {
       const float* xm = x + m * k;
@@ -116,10 +138,10 @@ at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
-// Whether group_gemv runs its AVX-512 loop on this build (memory-bound on one decode row; the
-// portable loop is right but not measured to beat bf16 weights, so the default leaves such
-// weights dequantized there).
-bool group_gemv_fast() { return RADIXSERVE_GROUP_AVX512 != 0; }
+// Whether group_gemv runs a vector loop on this build (AVX-512, or AVX2 with FMA), which streams
+// one decode row's weights at memory speed; the portable loop is right but several times slower
+// than the dequantized weights, so the default leaves such weights dequantized there.
+bool group_gemv_fast() { return RADIXSERVE_GROUP_SIMD != 0; }
 
 }  // namespace
 

@@ -37,7 +37,7 @@ GROUP_MAX_ROWS = 4  # past this the packed bf16 product is as fast (measured on 
 
 
 def group_kernel_fast() -> bool:
-    """Whether this machine runs the group kernel at memory speed (its AVX-512 loop)."""
+    """Whether this machine runs the group kernel at memory speed (its AVX-512 or AVX2 loop)."""
     built = ops()
     return built is not None and bool(built.group_gemv_fast())
 

@@ -1,7 +1,7 @@
 """The group kernel (kernels/csrc/group_gemv.cpp): few-row products with int8 group codes.
 
 Checked against the exact product of the weights it stands for (scales * codes) with the
-activations as given, on whichever loop this machine built (AVX-512 or the portable one): both
+activations as given, on whichever loop this machine built (AVX-512, AVX2 or the portable one): both
 group sizes and every row count it takes, in fp32 and bf16; a row's result is the same alone as
 in a batch; bad input is refused with a message naming what is wrong.
 """

@@ -76,7 +76,7 @@ def test_converter_keeps_the_8bit_tensors_beside_the_checkpoint(mixed_model: tup
 
 @pytest.mark.parametrize(("fast", "dtype", "files", "load_format", "want"), [
     (True, torch.bfloat16, True, "auto", "gguf"),
-    (False, torch.bfloat16, True, "auto", None),  # no AVX-512: not measured to beat the dequantized weights
+    (False, torch.bfloat16, True, "auto", None),  # no vector loop: slower than the dequantized weights
     (True, torch.float32, True, "auto", "gguf"),  # fp32 activations (no bf16 units): the codes still serve
     (True, torch.float16, True, "auto", None),
     (True, torch.bfloat16, False, "auto", None),  # not converted from a GGUF
