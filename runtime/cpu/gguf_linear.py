@@ -67,7 +67,7 @@ def fits_group_kernel(groups: Int8Groups) -> bool:
 
 
 class GroupLinear(FewRowsLinear):
-    """The checkpoint's int8 group codes for few rows, its own (bf16) weights for more."""
+    """The checkpoint's int8 group codes for few rows, its own weights (in --dtype) for more."""
 
     def __init__(self, linear: nn.Linear, packed: bool, groups: Int8Groups) -> None:
         super().__init__(linear, group_kernel(groups, linear.bias), GROUP_MAX_ROWS, packed)
