@@ -33,15 +33,17 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace {
 
 constexpr int64_t kMaxRows = 8;  // rows read with one pass over the weights
 
-// Weight rows [begin, end) against M float activation rows x [M, k], into out[m * n + j].
-template <int M, typename S>
+// Weight rows [begin, end) against M float activation rows x [M, k], into out[m * n + j]
+// (rounded once, to the activations' dtype O).
+template <int M, typename S, typename O>
 void dot_rows(const int8_t* w, const S* scales, int64_t n, int64_t k, int64_t group, int64_t begin, int64_t end,
-              const float* x, float* out) {
+              const float* x, O* out) {
   const int64_t groups = k / group;
   for (int64_t j = begin; j < end; ++j) {
     const int8_t* wj = w + j * k;
@@ -60,7 +62,7 @@ void dot_rows(const int8_t* w, const S* scales, int64_t n, int64_t k, int64_t gr
       const __m512 scale = _mm512_set1_ps(static_cast<float>(sj[g]));
       for (int m = 0; m < M; ++m) acc[m] = _mm512_fmadd_ps(part[m], scale, acc[m]);
     }
-    for (int m = 0; m < M; ++m) out[m * n + j] = _mm512_reduce_add_ps(acc[m]);
+    for (int m = 0; m < M; ++m) out[m * n + j] = static_cast<O>(_mm512_reduce_add_ps(acc[m]));
 #elif RADIXSERVE_GROUP_SIMD == 256
     __m256 acc[M];
     for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
@@ -78,7 +80,7 @@ void dot_rows(const int8_t* w, const S* scales, int64_t n, int64_t k, int64_t gr
     for (int m = 0; m < M; ++m) {
       const __m128 half = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
       const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
-      out[m * n + j] = _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+      out[m * n + j] = static_cast<O>(_mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair))));
     }
 #else
     for (int m = 0; m < M; ++m) {
@@ -90,7 +92,7 @@ void dot_rows(const int8_t* w, const S* scales, int64_t n, int64_t k, int64_t gr
         for (int64_t i = g * group; i < (g + 1) * group; ++i) part += static_cast<float>(wj[i]) * xm[i];
         acc += part * static_cast<float>(sj[g]);
       }
-      out[m * n + j] = acc;
+      out[m * n + j] = static_cast<O>(acc);
     }
 #endif
   }
@@ -113,13 +115,14 @@ void check(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, i
 at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, int64_t group) {
   check(x, w, scales, group);
   const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
-  const at::Tensor xf = x.to(at::kFloat).contiguous();  // a few KB: converted once, read by every weight row
-  at::Tensor out = at::empty({rows, n}, x.options().dtype(at::kFloat));
+  // A few KB, converted once and read by every weight row; no tensor ops around the kernel (a
+  // decode step makes ~45 of these calls, where a dispatch costs as much as a small layer's work).
+  std::vector<float> xf(rows * k);
+  at::Tensor out = at::empty({rows, n}, x.options());
   const int8_t* wp = w.data_ptr<int8_t>();
-  const float* xp = xf.data_ptr<float>();
-  float* op = out.data_ptr<float>();
+  const float* xp = xf.data();
   const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / k);  // small layers stay on one thread
-  const auto run = [&](const auto* sp) {
+  const auto run = [&](const auto* sp, auto* op) {
     at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
       switch (rows) {
 #define RADIXSERVE_ROWS(M) \
@@ -131,11 +134,17 @@ at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor
       }
     });
   };
-  if (scales.scalar_type() == at::kHalf)
-    run(scales.data_ptr<c10::Half>());
-  else
-    run(scales.data_ptr<float>());
-  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "group_gemv", [&] {
+    const scalar_t* xs = x.data_ptr<scalar_t>();
+    for (int64_t m = 0; m < rows; ++m)
+      for (int64_t i = 0; i < k; ++i) xf[m * k + i] = static_cast<float>(xs[m * x.stride(0) + i * x.stride(1)]);
+    scalar_t* op = out.data_ptr<scalar_t>();
+    if (scales.scalar_type() == at::kHalf)
+      run(scales.data_ptr<c10::Half>(), op);
+    else
+      run(scales.data_ptr<float>(), op);
+  });
+  return out;
 }
 
 // Whether group_gemv runs a vector loop on this build (AVX-512, or AVX2 with FMA), which streams
