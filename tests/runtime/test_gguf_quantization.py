@@ -17,13 +17,16 @@ from gguf.quants import dequantize
 
 from kernels.cpu_ops import ops
 from runtime import Engine
+from runtime.cpu import Precision, prepare
+from runtime.cpu.dual_linear import DualLinear
 from runtime.cpu.gguf_linear import GROUP_MAX_ROWS, GroupLinear
 from runtime.cpu.gguf_linear import group_kernel_fast as gguf_fast
 from runtime.cpu.int4_linear import Int4Linear
 from runtime.cpu.prepare import resolve_quantization
 from runtime.default_model import build_model_dir
+from runtime.gguf_groups import read_int4_groups
 from runtime.gguf_int8_groups import EIGHT_BIT, INT8_GROUPS_FILE, read_int8_groups, tensor_groups
-from runtime.model_runner import ModelRunner, RunnerConfig
+from runtime.model_runner import ModelRunner, RunnerConfig, load_config, load_model
 from runtime.models.weights import checkpoint_files
 from tests.tiny_gguf import write_tiny_gemma3_gguf
 
@@ -165,3 +168,23 @@ def test_gguf_with_fp32_activations_is_the_fp32_model(mixed_model: tuple[Path, d
     with Engine(model=str(folder), dtype="float32", kv_cache_tokens=128) as engine:
         assert engine.info.quantization == ("gguf" if gguf_fast() else None)
         assert len(engine.generate(input_ids=prompt, sampling_params=GREEDY)[0].token_ids) == GREEDY["max_new_tokens"]
+
+
+@needs_kernels
+def test_gguf_beside_the_dual_layers_of_a_cpu_without_bf16_units(mixed_model: tuple[Path, dict]) -> None:
+    """Where `auto` picks fp32 with bf16 copies for few rows (no bf16 units; forced here), the
+    shipped int8 codes take their layers and every other layer becomes a DualLinear as before."""
+    folder, expected = mixed_model
+    model = load_model(folder, load_config(folder), torch.float32, CPU)
+    output = prepare(model, Precision(torch.float32, lowp_rows=4, reason="forced"), "gguf",
+                     read_int4_groups(folder), read_int8_groups(folder), "model.embed_tokens.weight")
+    kinds = {name: type(m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert {n for n, t in kinds.items() if t is GroupLinear} == {f"model.layers.{i}.{s}" for i in range(2)
+                                                                  for s in ("self_attn.qkv_proj", "mlp.gate_up_proj")}
+    assert {n for n, t in kinds.items() if t is DualLinear} == {f"model.layers.{i}.{s}" for i in range(2)
+                                                                 for s in ("self_attn.o_proj", "mlp.down_proj")}
+    assert {"gguf int8", "bf16 copy"} <= set(output.ways)
+    layer = dict(model.named_modules())["model.layers.1.self_attn.qkv_proj"]
+    exact_w = torch.cat([torch.from_numpy(expected[f"model.layers.1.self_attn.{p}_proj.weight"]) for p in "qkv"])
+    x = torch.randn(2, layer.in_features)
+    assert torch.allclose(layer(x), x @ exact_w.t(), rtol=1e-4, atol=1e-4)
