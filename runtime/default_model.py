@@ -25,8 +25,7 @@ from runtime.builtin_models import (
     builtin_model,
     builtin_model_names,
 )
-from runtime.gguf_groups import INT4_GROUPS_FILE
-from runtime.gguf_int8_groups import INT8_GROUPS_FILE
+from runtime.gguf_int8_groups import KEPT_GROUP_FILES
 
 __all__ = ["DEFAULT_CHAT_TEMPLATE", "DEFAULT_GENERATION_CONFIG", "DefaultModelError", "build_model_dir",
            "builtin_model_dir", "default_model_dir", "ensure_builtin_model", "ensure_default_model",
@@ -124,7 +123,7 @@ def ensure_builtin_model(model: BuiltinModel, rebuild: bool = False, progress: b
     folder = builtin_model_dir(model)
     if folder.exists() and not rebuild:
         verify_model_dir(folder, model.extra_files)
-        if not all((folder / name).is_file() for name in (INT4_GROUPS_FILE, INT8_GROUPS_FILE)):
+        if not all((folder / name).is_file() for name in KEPT_GROUP_FILES):
             add_kept_groups(model, folder)  # converted before the GGUF's quantized tensors were kept
         return folder
     _say(f"first use: converting {model.title} (GGUF from PyPI) into {folder}; this happens once")
@@ -142,16 +141,15 @@ def add_kept_groups(model: BuiltinModel, folder: Path) -> None:
     beside an existing conversion that lacks them."""
     from gguf import GGUFReader
 
-    from runtime.gguf_convert import keep_int4_groups, keep_int8_groups
+    from runtime.gguf_convert import keep_groups
 
-    missing = [(name, keep) for name, keep in ((INT4_GROUPS_FILE, keep_int4_groups), (INT8_GROUPS_FILE, keep_int8_groups))
-               if not (folder / name).is_file()]
+    missing = [name for name in KEPT_GROUP_FILES if not (folder / name).is_file()]
     with tempfile.TemporaryDirectory(prefix="radixserve-gguf-") as tmp:
         reader = GGUFReader(str(assemble_gguf(model, Path(tmp) / f"{model.name}.gguf")))
-        for name, keep in missing:
+        for name in missing:
             staging = Path(tempfile.mkdtemp(prefix=".groups-", dir=folder))  # same file system: an atomic rename
             try:
-                count = keep(reader, staging)
+                count = keep_groups(reader, staging, name)
                 (staging / name).replace(folder / name)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)

@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from runtime.gguf_groups import INT4_GROUPS_FILE, write_int4_groups
-from runtime.gguf_int8_groups import INT8_GROUPS_FILE, write_int8_groups
+from runtime.gguf_int8_groups import INT8_GROUPS_FILE, KEPT_GROUP_FILES, write_int8_groups
 
 logger = logging.getLogger(__name__)
 
@@ -202,18 +202,16 @@ def dequantized_state_dict(
     return state
 
 
-def keep_int4_groups(reader: GGUFReader, out_dir: Path) -> int:
-    """Write the GGUF's 4-bit tensors, under their Hugging Face names, as int4 groups
-    (runtime/gguf_groups.py) into `out_dir`; how many."""
-    arch = gguf_architecture(reader)
-    return write_int4_groups(reader, out_dir, lambda name: hf_tensor_name(name, arch))
+# file -> its writer (runtime/gguf_groups.py: the 4-bit tensors; runtime/gguf_int8_groups.py: the 5-8-bit ones)
+GROUP_WRITERS: dict[str, Callable[[GGUFReader, Path, Callable[[str], str]], int]] = {
+    INT4_GROUPS_FILE: write_int4_groups, INT8_GROUPS_FILE: write_int8_groups}
 
 
-def keep_int8_groups(reader: GGUFReader, out_dir: Path) -> int:
-    """Write the GGUF's 5-, 6- and 8-bit tensors, under their Hugging Face names, as int8 groups
-    (runtime/gguf_int8_groups.py) into `out_dir`; how many."""
+def keep_groups(reader: GGUFReader, out_dir: Path, file_name: str) -> int:
+    """Write one of KEPT_GROUP_FILES into `out_dir`: the GGUF's quantized tensors of that kind as
+    shipped, under their Hugging Face names; how many."""
     arch = gguf_architecture(reader)
-    return write_int8_groups(reader, out_dir, lambda name: hf_tensor_name(name, arch))
+    return GROUP_WRITERS[file_name](reader, out_dir, lambda name: hf_tensor_name(name, arch))
 
 
 def convert_gguf(
@@ -241,10 +239,8 @@ def convert_gguf(
     state = dequantized_state_dict(reader, dtype=dtype, progress=progress)
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     del state
-    count = keep_int4_groups(reader, out_dir)
-    log(f"kept {count} 4-bit tensors as int4 groups ({INT4_GROUPS_FILE})")
-    count = keep_int8_groups(reader, out_dir)
-    log(f"kept {count} 5-, 6- and 8-bit tensors as int8 groups ({INT8_GROUPS_FILE})")
+    for file_name in KEPT_GROUP_FILES:
+        log(f"kept {keep_groups(reader, out_dir, file_name)} quantized tensors as shipped ({file_name})")
     log(f"building the tokenizer from the GGUF vocabulary ({config['vocab_size']:,} tokens; "
         "about 30-60 s for a large vocabulary)")
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)

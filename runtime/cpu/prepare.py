@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from runtime.cpu.dual_linear import use_dual_linears
 from kernels.cpu_ops import ops as cpu_ops
+from runtime.cpu.dual_linear import use_dual_linears
 from runtime.cpu.gguf_linear import fits_group_kernel, group_kernel_fast, group_output_kernel, serve_gguf_linears
 from runtime.cpu.int4_linear import fits_int4, int4_kernel, quantize_linears_int4
 from runtime.cpu.int8_linear import int8_kernel, quantize_linears
@@ -30,8 +30,8 @@ from runtime.cpu.output_layer import TimedOutputLayer
 from runtime.cpu.packed_linear import pack_linears
 from runtime.cpu.precision import Precision
 from runtime.device import host_available_bytes
-from runtime.gguf_groups import INT4_GROUPS_FILE, Int4Groups
-from runtime.gguf_int8_groups import INT8_GROUPS_FILE, Int8Groups
+from runtime.gguf_groups import Int4Groups
+from runtime.gguf_int8_groups import KEPT_GROUP_FILES, Int8Groups
 
 logger = logging.getLogger(__name__)
 GGUF_DTYPES = (torch.bfloat16, torch.float32)  # activations the group kernel takes
@@ -50,7 +50,7 @@ def check_quantization(name: str | None, device: torch.device, dtype: torch.dtyp
 
 def ships_quantized(folder: Path) -> bool:
     """Whether the checkpoint folder was converted from a GGUF that keeps quantized tensors."""
-    return any((folder / name).is_file() for name in (INT4_GROUPS_FILE, INT8_GROUPS_FILE))
+    return any((folder / name).is_file() for name in KEPT_GROUP_FILES)
 
 
 def resolve_quantization(name: str | None, device: torch.device, dtype: torch.dtype, folder: Path,
@@ -71,8 +71,8 @@ def resolve_quantization(name: str | None, device: torch.device, dtype: torch.dt
             raise ValueError(f"quantization gguf is implemented for the CPU with bf16 or fp32 activations, and this "
                              f"is {device.type} with {dtype}")
         if load_format == "dummy" or not ships_quantized(folder):
-            raise ValueError(f"quantization gguf needs a checkpoint converted from a GGUF ({INT4_GROUPS_FILE} or "
-                             f"{INT8_GROUPS_FILE} in {folder}), with real weights (load_format {load_format!r})")
+            raise ValueError(f"quantization gguf needs a checkpoint converted from a GGUF ({' or '.join(KEPT_GROUP_FILES)} "
+                             f"in {folder}), with real weights (load_format {load_format!r})")
         if cpu_ops() is None:
             raise ValueError("quantization gguf needs the fused CPU kernels (kernels/cpu_ops.py), and they are "
                              "unavailable here (RADIXSERVE_CPU_OPS=0, or no C++ compiler)")
