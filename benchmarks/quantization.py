@@ -5,7 +5,7 @@ exact weights, and how fast one stream runs.
 
 The default model is a GGUF (Q4_K_M: Q8_0, Q5_0, Q6_K and Q4_K tensors), so its exact weights are
 the dequantized ones in float32; the reference is that model in fp32. Compared with it: bf16
-(those weights rounded to bf16, `--quantization none`), gguf (the shipped codes, int8
+(those weights rounded to bf16, `--quantization none`), gguf (the shipped codes times the bf16
 activations: the default where the CPU has the kernels), and int8 / int4 (quantized again here).
 Quality: greedy continuations of a fixed set of prompts (few-shot facts, lists, code, prose),
 one prompt at a time (the quantized kernels serve products of few rows); printed are the share

@@ -1,11 +1,11 @@
 """Builds and loads the fused CPU kernels of kernels/csrc/ (cpu_ops.cpp: norms, rotary, decode
 attention; group_gemv.cpp: few-row products with a GGUF's 8-bit group weights), once per machine.
 
-The files are compiled into one library with the machine's own compiler for its own cores (`-march=native`) by
-torch's C++ extension builder, into `~/.cache/radixserve/cpu-ops/<key>` (RADIXSERVE_HOME moves
-it), where the key covers the source, torch's version and the CPU's flags: a later start, or
-another process, loads the built library in milliseconds, and a machine of another kind never
-loads code built for instructions it lacks. `make install` builds it
+The files are compiled into one library with the machine's own compiler for its own cores
+(`-march=native`) by torch's C++ extension builder, into `~/.cache/radixserve/cpu-ops/<key>`
+(RADIXSERVE_HOME moves it), where the key covers the sources, torch's version and the CPU's
+flags: a later start, or another process, loads the built library in milliseconds, and a machine
+of another kind never loads code built for instructions it lacks. `make install` builds it
 (`kernels.cpu_ops.main`) so the first server start does not pay the quarter minute it takes.
 
 Where it cannot be built (no C++ compiler, RADIXSERVE_CPU_OPS=0), `ops()` is None and the

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch

@@ -88,9 +88,8 @@ class ModelRunner:
         self.precision = resolve_precision(cfg.dtype, self.device, int(getattr(self.config, "hidden_size", 640)))
         self.dtype = self.precision.dtype
         # what --quantization means here (unset: a GGUF's own quantized weights where the CPU can serve them)
-        self.quantization = (cpu.resolve_quantization(cfg.quantization, self.device, self.dtype, cfg.model_path,
-                                                      cfg.load_format)
-                             if self.device.type == "cpu" or cfg.quantization not in (None, "none") else None)
+        self.quantization = cpu.resolve_quantization(cfg.quantization, self.device, self.dtype, cfg.model_path,
+                                                     cfg.load_format)
         self.model = load_model(cfg.model_path, self.config, self.dtype, self.device, cfg.load_format)
         # The CPU's own linear layers and output layer (runtime/cpu/); elsewhere plain ones.
         if self.device.type == "cpu":
@@ -101,10 +100,9 @@ class ModelRunner:
             output_name = "model.embed_tokens.weight" if getattr(self.model, "lm_head", None) is None else "lm_head.weight"
             self.output_layer: OutputLayer = cpu.prepare(self.model, self.precision, self.quantization, int4, int8,
                                                          output_name)
+            cpu_ops()  # the fused kernels loaded (or built) now, not inside the first request's step
         else:
             self.output_layer = OutputLayer()
-        if self.device.type == "cpu":
-            cpu_ops()  # the fused kernels loaded (or built) now, not inside the first request's step
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.vocab_size: int = self.config.vocab_size
         c = self.config
