@@ -10,7 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime import Engine
-from runtime.cpu.int4_linear import INT4_GROUP, INT4_MAX_ROWS, Int4Linear, dequantize_groups, quantize_groups
+from kernels.cpu_ops import ops
+from runtime.cpu.int4_linear import (INT4_GROUP, INT4_MAX_ROWS, ONE_ROW_BLOCK, Int4Linear, dequantize_groups,
+                                     pack_blocks, quantize_groups)
 from runtime.forward_batch import BatchEntry, ForwardBatch
 from runtime.model_runner import ModelRunner, RunnerConfig
 from tests.runtime.engine_helpers import assert_slots_balanced
@@ -41,6 +43,24 @@ def test_int4_linear_reads_int4_for_few_rows_only() -> None:
     many = torch.randn(INT4_MAX_ROWS + 1, 2 * INT4_GROUP).bfloat16()
     assert torch.equal(layer(many), F.linear(many, linear.weight, linear.bias))
     assert "weight" in dict(layer.named_parameters())
+
+
+@pytest.mark.skipif(ops() is None or not ops().int4_gemv_fast(), reason="the one-row kernel's AVX-512 loops")
+def test_one_row_products_run_the_one_row_kernel() -> None:
+    """Where the CPU has its AVX-512 loops, a one-row product reads the one-row kernel's layout
+    (float16 scales: closer to the codes' weights than torch's kernel, which rounds them to bf16),
+    and more rows torch's kernel."""
+    torch.manual_seed(0)
+    linear = nn.Linear(2 * ONE_ROW_BLOCK, 64, bias=True).to(torch.bfloat16)
+    layer = Int4Linear(linear, packed=False)
+    q, scales, zeros = quantize_groups(linear.weight)
+    one = torch.randn(1, 2 * ONE_ROW_BLOCK).bfloat16()
+    want = ops().int4_gemv(one, pack_blocks(q), scales.half(), (zeros - 8 * scales).half()) + linear.bias
+    assert torch.equal(layer(one), want)
+    exact = one.float() @ dequantize_groups(q, scales, zeros).t() + linear.bias.float()
+    assert (layer(one).float() - exact).abs().max() < 0.02 * exact.abs().max()
+    two = one.expand(2, -1).contiguous()
+    assert not torch.equal(layer(two)[0], want[0])  # torch's kernel: bf16 scales
 
 
 def test_int4_runner_is_close_to_bf16_and_serves(tmp_path: Path) -> None:

@@ -1,0 +1,342 @@
+// One-row products with 4-bit group-quantized weights: `--quantization int4`'s layers and output
+// layer, and a GGUF's Q4_K tensors served as shipped (runtime/cpu/int4_linear.py packs the codes
+// and calls this for one-row products; torch's `_weight_int4pack_mm_for_cpu` serves 2-4 rows,
+// where it is faster). A one-stream decode step only streams the weights, and unpacking 4-bit
+// codes costs more instructions a byte than reading them: this layout needs no shuffles to
+// unpack, only shifts and bit masks, and is read in one forward stream. On the 2-core Zen 4 the
+// default model's int4 output layer (262144 x 640) takes 3.2 ms here against 4.8 with torch's
+// kernel, and a whole one-row step 10.1 ms against 12.2 (README, "CPU serving").
+//
+// Weights: codes q in [0, 15], w[n, k] = scales[n, g] * q[n, k] + lows[n, g] with g = k / 32.
+// Packed [N, K / 2] uint8 in blocks of 128 codes (four groups) = 32 little-endian 16-bit words:
+// word j of a block holds codes j, 32 + j, 64 + j and 96 + j in its nibbles 0..3. Shifting the
+// block right by 4t and masking each word's low nibble gives group t's 32 codes in order, one to
+// a 16-bit lane. Weight rows come in quads whose blocks are interleaved (block b of rows 4i..4i+3,
+// then block b + 1), so a pass over four rows reads one stream. Scales and lows float16 (an
+// eighth of a byte a weight each; torch's int4 kernel keeps them in bf16, 3 fewer bits).
+//
+// The float trick: the 16-bit pattern 0x4300 | q is the bf16 number 128 + q (128's exponent makes
+// the mantissa's last bit worth 1), and moved into a 32-bit lane's top half it is the float32
+// 128 + q. So a masked code is a number without any conversion. Each group's sum is then
+// sum((128 + q) x) = sum(q x) + 128 sum(x), and per row
+//   w . x = sum_g scale_g sum((128 + q) x) + sum_g (low_g - 128 scale_g) sum_g(x),
+// with the activations' group sums formed once per call. Products are exact and sums in float32;
+// the 128s cost about 4 bits of float32's 24, far below the activations' own rounding.
+// - bf16 activations on CPUs with bf16 dot products (AVX512_BF16: Zen 4, Sapphire Rapids): one
+//   instruction multiplies a group's 32 codes by its 32 activations and sums them in pairs.
+// - Otherwise (float32 activations, or AVX-512 without bf16): 32-bit lanes hold two codes each,
+//   the even one shifted up, the odd one already there; activations are reordered once to match.
+// Without AVX-512 a portable loop gives the same results, slowly: there the callers keep torch's
+// kernel (`int4_gemv_fast()`).
+//
+// Rows are independent: a row's result never depends on which other rows share the call.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#define RADIXSERVE_INT4_AVX512 1
+#else
+#define RADIXSERVE_INT4_AVX512 0
+#endif
+#if RADIXSERVE_INT4_AVX512 && defined(__AVX512BF16__)
+#define RADIXSERVE_INT4_BF16 1
+#else
+#define RADIXSERVE_INT4_BF16 0
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+// Full unrolling of the loops over activation and weight rows, so their accumulators live in
+// registers (GCC otherwise keeps an array of vectors on the stack and stores it every iteration).
+#define RADIXSERVE_UNROLL _Pragma("GCC unroll 8")
+
+namespace {
+
+constexpr int64_t kGroup = 32;
+constexpr int64_t kBlock = 128;  // codes a packed block holds: four groups in 64 bytes
+constexpr int64_t kMaxRows = 8;  // rows read with one pass over the weights
+constexpr uint32_t kBase = 0x43000000u;  // float32 128's bits; 0x4300 is bf16 128's
+constexpr int64_t kQuad = 4;  // weight rows whose blocks are interleaved
+
+// Where weight row `row`'s block b starts (quads of rows, their blocks interleaved).
+inline const uint8_t* block_at(const uint8_t* w, int64_t k, int64_t row, int64_t b) {
+  return w + (row / kQuad) * kQuad * (k / 2) + (b * kQuad + row % kQuad) * 64;
+}
+
+// n float16 values as floats (a row's scales or lows, once per row rather than once per use).
+inline void halves_to_floats(const c10::Half* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if RADIXSERVE_INT4_AVX512
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// The activations of one call, prepared once and read by every weight row.
+struct Activations {
+  int64_t k = 0, groups = 0;
+  std::vector<float> paired;  // [M, k] float32, each group's 16 even-position values then its 16 odd ones
+  std::vector<uint16_t> bf16;  // [M, k] bf16 bits, in order (the bf16 dot-product loop only)
+  std::vector<float> sums;     // [M, groups] each group's sum
+};
+
+// Scales of R weight rows as floats (read once per group in the loops), and the per-row constant
+// of the 128 trick: rest[r][m] = sum_g (low_g - 128 scale_g) * sum_g(x_m), as a vector whose lanes
+// sum to it where the loop has vectors (the loop's accumulators start from it).
+template <int M, int R>
+struct RowConstants {
+  std::vector<float> scale;
+#if RADIXSERVE_INT4_AVX512
+  __m512 rest[R][M];
+#else
+  float rest[R][M];
+#endif
+  explicit RowConstants(int64_t groups) : scale(R * groups) {}
+
+  void load(const c10::Half* scales, const c10::Half* lows, int64_t j, const Activations& a) {
+    const int64_t groups = a.groups;
+    const c10::Half* sj = scales + j * groups;  // rows j.. are contiguous
+    const c10::Half* lj = lows + j * groups;
+#if RADIXSERVE_INT4_AVX512
+    RADIXSERVE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      RADIXSERVE_UNROLL
+      for (int m = 0; m < M; ++m) rest[r][m] = _mm512_setzero_ps();
+      for (int64_t g = 0; g < groups; g += 16) {
+        const __mmask16 mask = groups - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (groups - g)) - 1);
+        const __m512 sv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, sj + r * groups + g));
+        const __m512 lv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, lj + r * groups + g));
+        _mm512_mask_storeu_ps(scale.data() + r * groups + g, mask, sv);
+        const __m512 adjusted = _mm512_fnmadd_ps(_mm512_set1_ps(128.f), sv, lv);
+        RADIXSERVE_UNROLL
+        for (int m = 0; m < M; ++m)
+          rest[r][m] = _mm512_fmadd_ps(adjusted, _mm512_maskz_loadu_ps(mask, a.sums.data() + m * groups + g),
+                                       rest[r][m]);
+      }
+    }
+#else
+    halves_to_floats(sj, scale.data(), R * groups);
+    std::vector<float> low(groups);
+    for (int r = 0; r < R; ++r) {
+      halves_to_floats(lj + r * groups, low.data(), groups);
+      for (int m = 0; m < M; ++m) {
+        const float* s = scale.data() + r * groups;
+        const float* xs = a.sums.data() + m * groups;
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t g = 0; g < groups; ++g) sum += (low[g] - 128.f * s[g]) * xs[g];
+        rest[r][m] = sum;
+      }
+    }
+#endif
+  }
+};
+
+// R weight rows from j against M activation rows, in float32; into out[m * n + j + r] (rounded
+// once, to the activations' dtype O). Several weight rows at once for few activation rows: each
+// row's sum is a chain of dependent multiply-adds, and a single chain waits on its own latency.
+template <int M, int R, typename O>
+void dot_block(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t j, const Activations& a, O* out) {
+  const int64_t k = a.k, groups = a.groups;
+#if RADIXSERVE_INT4_AVX512
+  const __m512i nibble = _mm512_set1_epi32(0x000F0000), base = _mm512_set1_epi32(kBase);
+  __m512 acc[R][M];
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r)
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m) acc[r][m] = c.rest[r][m];
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    RADIXSERVE_UNROLL
+    for (int t = 0; t < 4; ++t) {
+      const int64_t g = b * 4 + t;
+      RADIXSERVE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m512i lanes = _mm512_loadu_si512(block_at(w, k, j + r, b));
+        // even codes: the low word's nibble t moved to bits 16..19; odd ones: the high word's
+        const __m512 even = _mm512_castsi512_ps(
+            _mm512_ternarylogic_epi32(_mm512_slli_epi32(lanes, 16 - 4 * t), nibble, base, 0xEA));
+        const __m512 odd = _mm512_castsi512_ps(
+            _mm512_ternarylogic_epi32(_mm512_srli_epi32(lanes, 4 * t), nibble, base, 0xEA));
+        const __m512 sv = _mm512_set1_ps(c.scale[r * groups + g]);
+        RADIXSERVE_UNROLL
+        for (int m = 0; m < M; ++m) {
+          const float* xg = a.paired.data() + m * k + g * kGroup;
+          const __m512 part = _mm512_fmadd_ps(odd, _mm512_loadu_ps(xg + 16), _mm512_mul_ps(even, _mm512_loadu_ps(xg)));
+          acc[r][m] = _mm512_fmadd_ps(part, sv, acc[r][m]);
+        }
+      }
+    }
+  }
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r)
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m) out[m * n + j + r] = static_cast<O>(_mm512_reduce_add_ps(acc[r][m]));
+#else
+  for (int r = 0; r < R; ++r) {
+    float acc[M] = {};
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t b = g / 4, t = g % 4;
+      const uint8_t* block = block_at(w, k, j + r, b);
+      float part[M] = {};
+      for (int64_t i = 0; i < kGroup; ++i) {  // code 32t + i of block b: word i's nibble t
+        const uint16_t word = static_cast<uint16_t>(block[2 * i] | (block[2 * i + 1] << 8));
+        const float q = 128.f + static_cast<float>((word >> (4 * t)) & 0x0F);
+        const int64_t at = g * kGroup + (i % 2 == 0 ? i / 2 : 16 + i / 2);  // the paired order
+        for (int m = 0; m < M; ++m) part[m] += q * a.paired[m * k + at];
+      }
+      for (int m = 0; m < M; ++m) acc[m] += part[m] * c.scale[r * groups + g];
+    }
+    for (int m = 0; m < M; ++m) out[m * n + j + r] = static_cast<O>(acc[m] + c.rest[r][m]);
+  }
+#endif
+}
+
+#if RADIXSERVE_INT4_BF16
+// The same with bf16 activations and the CPU's bf16 dot products: 0x4300 | q is bf16 128 + q, and
+// one instruction multiplies a group's 32 codes by its 32 activations, summing pairs in float32.
+template <int M, int R, typename O>
+void dot_block_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t j, const Activations& a,
+                    O* out) {
+  const int64_t k = a.k, groups = a.groups;
+  const __m512i nibble = _mm512_set1_epi16(0x000F), base = _mm512_set1_epi16(0x4300);
+  __m512 acc[R][M];
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r)
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m) acc[r][m] = c.rest[r][m];
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    RADIXSERVE_UNROLL
+    for (int t = 0; t < 4; ++t) {
+      const int64_t g = b * 4 + t;
+      __m512bh xs[M];
+      RADIXSERVE_UNROLL
+      for (int m = 0; m < M; ++m) xs[m] = (__m512bh)_mm512_loadu_si512(a.bf16.data() + m * k + g * kGroup);
+      RADIXSERVE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m512i words = _mm512_loadu_si512(block_at(w, k, j + r, b));
+        const __m512bh codes =
+            (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(words, 4 * t), nibble, base, 0xEA);
+        const __m512 sv = _mm512_set1_ps(c.scale[r * groups + g]);
+        RADIXSERVE_UNROLL
+        for (int m = 0; m < M; ++m)
+          acc[r][m] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), codes, xs[m]), sv, acc[r][m]);
+      }
+    }
+  }
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r)
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m) out[m * n + j + r] = static_cast<O>(_mm512_reduce_add_ps(acc[r][m]));
+}
+#endif
+
+// Weight-row quads [begin, end): a quad at a time for up to 4 activation rows, else in halves
+// (the accumulators of 4 weight rows times more than 4 activation rows outnumber the registers).
+template <int M, typename O>
+void dot_quads(const uint8_t* w, const c10::Half* scales, const c10::Half* lows, int64_t n, int64_t begin,
+               int64_t end, const Activations& a, bool bf16, O* out) {
+  constexpr int R = M <= 4 ? kQuad : kQuad / 2;
+  RowConstants<M, R> c(a.groups);
+  for (int64_t quad = begin; quad < end; ++quad)
+    for (int64_t j = quad * kQuad; j < (quad + 1) * kQuad; j += R) {
+      c.load(scales, lows, j, a);
+#if RADIXSERVE_INT4_BF16
+      if (bf16) {
+        dot_block_bf16<M, R>(w, c, n, j, a, out);
+        continue;
+      }
+#endif
+      dot_block<M, R>(w, c, n, j, a, out);
+    }
+}
+
+void check(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& lows) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "int4_gemv: x is a CPU [rows, K] float32 or bfloat16 tensor");
+  TORCH_CHECK(x.size(1) % kBlock == 0, "int4_gemv: K is a multiple of 128");
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kByte && w.size(1) * 2 == x.size(1) &&
+                  w.size(0) % kQuad == 0,
+              "int4_gemv: codes are contiguous uint8 [N, K / 2] with K = x's width and N a multiple of 4");
+  for (const at::Tensor* t : {&scales, &lows})
+    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == at::kHalf && t->dim() == 2 && t->size(0) == w.size(0) &&
+                    t->size(1) == x.size(1) / kGroup,
+                "int4_gemv: scales and lows are float16 [N, K / 32]");
+  TORCH_CHECK(x.size(0) <= kMaxRows, "int4_gemv: at most 8 rows a call");
+}
+
+// A bf16 activation's bits (only called on bf16 ones; the float dtypes' instantiations never run it).
+template <typename T>
+uint16_t bf16_bits(T v) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>)
+    return v.x;
+  else
+    return 0;
+}
+
+// x [rows, K] @ (scales * q + lows).T -> [rows, N] in x's dtype.
+at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& lows) {
+  check(x, w, scales, lows);
+  const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
+#if RADIXSERVE_INT4_BF16
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+#else
+  const bool bf16 = false;
+#endif
+  Activations a;
+  a.k = k;
+  a.groups = k / kGroup;
+  a.sums.assign(rows * a.groups, 0.f);
+  a.paired.resize(bf16 ? 0 : rows * k);
+  a.bf16.resize(bf16 ? rows * k : 0);
+  at::Tensor out = at::empty({rows, n}, x.options());
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const c10::Half* sp = scales.data_ptr<c10::Half>();
+  const c10::Half* lp = lows.data_ptr<c10::Half>();
+  const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 15) / k);  // quads; small layers stay on one thread
+  const auto run = [&](auto* op) {
+    at::parallel_for(0, n / kQuad, grain, [&](int64_t begin, int64_t end) {
+      switch (rows) {
+#define RADIXSERVE_ROWS(M) \
+  case M:                  \
+    return dot_quads<M>(wp, sp, lp, n, begin, end, a, bf16, op);
+        RADIXSERVE_ROWS(1) RADIXSERVE_ROWS(2) RADIXSERVE_ROWS(3) RADIXSERVE_ROWS(4)
+        RADIXSERVE_ROWS(5) RADIXSERVE_ROWS(6) RADIXSERVE_ROWS(7) RADIXSERVE_ROWS(8)
+#undef RADIXSERVE_ROWS
+      }
+    });
+  };
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int4_gemv", [&] {
+    const scalar_t* xs = x.data_ptr<scalar_t>();
+    for (int64_t m = 0; m < rows; ++m)
+      for (int64_t i = 0; i < k; ++i) {
+        const scalar_t v = xs[m * x.stride(0) + i * x.stride(1)];
+        a.sums[m * a.groups + i / kGroup] += static_cast<float>(v);
+        if (bf16) {
+          a.bf16[m * k + i] = bf16_bits(v);
+        } else {  // within its group: even positions first, then odd ones
+          const int64_t at = i % kGroup;
+          a.paired[m * k + i - at + (at % 2 == 0 ? at / 2 : 16 + at / 2)] = static_cast<float>(v);
+        }
+      }
+    run(out.data_ptr<scalar_t>());
+  });
+  return out;
+}
+
+// Whether int4_gemv runs its AVX-512 loops on this build (else the portable one, right but slow).
+bool int4_gemv_fast() { return RADIXSERVE_INT4_AVX512 != 0; }
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
+  m.def("int4_gemv(Tensor x, Tensor w, Tensor scales, Tensor lows) -> Tensor", int4_gemv);
+  m.def("int4_gemv_fast() -> bool", int4_gemv_fast);
+}

@@ -1,0 +1,87 @@
+"""The one-row int4 kernel (kernels/csrc/int4_gemv.cpp) and its layout (runtime/cpu/int4_linear.py).
+
+Checked against the exact product of the weights the codes stand for (scales * q + lows, the
+scales and lows as the float16 the kernel reads) with the activations as given, on whichever loop
+this machine built (AVX-512 with or without bf16 dot products, or the portable one): fp32 and bf16
+activations, every row count it takes; a row's result is the same alone as in a batch; the packed
+layout holds the codes it documents; bad input is refused with a message naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cpu_ops import ops
+from runtime.cpu.int4_linear import pack_blocks
+
+pytestmark = pytest.mark.skipif(ops() is None, reason="the CPU kernels could not be built here")
+
+
+def weights(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """codes (0..15), float16 scales and lows, and the weights they stand for (float64)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=g)
+    scales = (torch.rand(n, k // 32, generator=g) * 0.01 + 1e-3).half()
+    lows = ((torch.rand(n, k // 32, generator=g) - 0.5) * 0.2).half()
+    exact = q.double().reshape(n, k // 32, 32) * scales.double()[..., None] + lows.double()[..., None]
+    return q, scales, lows, exact.reshape(n, k)
+
+
+def test_the_layout_holds_the_codes_it_documents() -> None:
+    q, *_ = weights(8, 256)
+    packed = pack_blocks(q)
+    assert packed.dtype == torch.uint8 and packed.shape == (8, 128)
+    flat = packed.reshape(-1)
+    for row in range(8):
+        for col in range(256):
+            block, within = divmod(col, 128)
+            nibble, word = divmod(within, 32)
+            # quads of rows, block b of each of its 4 rows in turn, 64 bytes a block
+            at = (row // 4) * 4 * 128 + (block * 4 + row % 4) * 64 + 2 * word
+            value = int(flat[at]) | int(flat[at + 1]) << 8
+            assert (value >> (4 * nibble)) & 0xF == q[row, col]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
+def test_the_exact_product_of_the_codes(dtype: torch.dtype, rows: int) -> None:
+    n, k = 72, 384  # 18 quads of rows, 3 blocks, 12 groups: a masked tail in the row constants
+    q, scales, lows, exact = weights(n, k, seed=rows)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(7)).to(dtype)
+    out = ops().int4_gemv(x, pack_blocks(q), scales, lows)
+    assert out.dtype == dtype and out.shape == (rows, n)
+    want = x.double() @ exact.t()
+    # float32 sums (the 128 offset costs a few of their bits); bf16 adds one rounding of the result
+    tol = 2e-5 if dtype == torch.float32 else 8e-3
+    assert torch.allclose(out.double(), want, rtol=tol, atol=tol * want.abs().max().item())
+
+
+def test_a_row_gives_the_same_bits_alone_and_in_a_batch() -> None:
+    q, scales, lows, _ = weights(64, 640, seed=3)  # the default model's width: 20 groups a row
+    codes = pack_blocks(q)
+    x = torch.randn(8, 640).bfloat16()
+    together = ops().int4_gemv(x, codes, scales, lows)
+    for i in range(8):
+        assert torch.equal(ops().int4_gemv(x[i:i + 1], codes, scales, lows)[0], together[i])
+
+
+def test_strided_rows() -> None:
+    q, scales, lows, exact = weights(16, 128)
+    x = torch.randn(2, 256)[:, ::2]  # not contiguous: read with its strides
+    out = ops().int4_gemv(x, pack_blocks(q), scales, lows)
+    assert torch.allclose(out.double(), x.double() @ exact.t(), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda x, w, s, lo: (x[:, :64], w[:, :32], s[:, :2], lo[:, :2]), "multiple of 128"),
+    (lambda x, w, s, lo: (x, w[:6], s[:6], lo[:6]), "N a multiple of 4"),
+    (lambda x, w, s, lo: (x, w, s.float(), lo), "float16"),
+    (lambda x, w, s, lo: (x.half(), w, s, lo), "float32 or bfloat16"),
+    (lambda x, w, s, lo: (x.expand(9, -1), w, s, lo), "at most 8 rows"),
+])
+def test_bad_input_is_refused(bad, message: str) -> None:  # noqa: ANN001
+    q, scales, lows, _ = weights(8, 128)
+    args = bad(torch.randn(1, 128), pack_blocks(q), scales, lows)
+    with pytest.raises(RuntimeError, match=message):
+        ops().int4_gemv(*args)
