@@ -28,6 +28,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("cpu_ops.cpp", "group_gemv.cpp", "int4_gemv.cpp"))
+HEADERS = (Path(__file__).with_name("csrc") / "row_count.h",)  # included by the sources: part of the key
 NAME = "radixserve_cpu"
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the activation dtypes the kernels are built for
 
@@ -45,7 +46,7 @@ def _cpu_flags() -> str:
 
 
 def build_dir() -> Path:
-    key = hashlib.sha256(b"\0".join([*(source.read_bytes() for source in SOURCES), torch.__version__.encode(),
+    key = hashlib.sha256(b"\0".join([*(source.read_bytes() for source in (*SOURCES, *HEADERS)), torch.__version__.encode(),
                                      sys.version.encode(), _cpu_flags().encode()])).hexdigest()[:16]
     home = Path(os.environ.get("RADIXSERVE_HOME", Path.home() / ".cache" / "radixserve"))
     return home / "cpu-ops" / key

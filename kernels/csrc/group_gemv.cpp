@@ -21,6 +21,8 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "row_count.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define RADIXSERVE_GROUP_SIMD 512
@@ -124,14 +126,10 @@ at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / k);  // small layers stay on one thread
   const auto run = [&](const auto* sp, auto* op) {
     at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-      switch (rows) {
-#define RADIXSERVE_ROWS(M) \
-  case M:                  \
-    return dot_rows<M>(wp, sp, n, k, group, begin, end, xp, op);
-        RADIXSERVE_ROWS(1) RADIXSERVE_ROWS(2) RADIXSERVE_ROWS(3) RADIXSERVE_ROWS(4)
-        RADIXSERVE_ROWS(5) RADIXSERVE_ROWS(6) RADIXSERVE_ROWS(7) RADIXSERVE_ROWS(8)
-#undef RADIXSERVE_ROWS
-      }
+      radixserve::with_row_count(rows, [&](auto count) {
+        constexpr int M = decltype(count)::value;
+        dot_rows<M>(wp, sp, n, k, group, begin, end, xp, op);
+      });
     });
   };
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "group_gemv", [&] {

@@ -36,6 +36,8 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "row_count.h"
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define RADIXSERVE_INT4_AVX512 1
@@ -49,6 +51,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -101,6 +104,16 @@ struct RowConstants {
 #endif
   explicit RowConstants(int64_t groups) : scale(R * groups) {}
 
+#if RADIXSERVE_INT4_AVX512
+  // The loops' accumulators start from the rows' constants.
+  void start(__m512 (&acc)[R][M]) const {
+    RADIXSERVE_UNROLL
+    for (int r = 0; r < R; ++r)
+      RADIXSERVE_UNROLL
+      for (int m = 0; m < M; ++m) acc[r][m] = rest[r][m];
+  }
+#endif
+
   void load(const c10::Half* scales, const c10::Half* lows, int64_t j, const Activations& a) {
     const int64_t groups = a.groups;
     const c10::Half* sj = scales + j * groups;  // rows j.. are contiguous
@@ -131,14 +144,24 @@ struct RowConstants {
         const float* s = scale.data() + r * groups;
         const float* xs = a.sums.data() + m * groups;
         float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t g = 0; g < groups; ++g) sum += (low[g] - 128.f * s[g]) * xs[g];
+        for (int64_t g = 0; g < groups; ++g) sum = std::fma(std::fma(-128.f, s[g], low[g]), xs[g], sum);
         rest[r][m] = sum;
       }
     }
 #endif
   }
 };
+
+#if RADIXSERVE_INT4_AVX512
+// Each accumulator's lanes summed into its output, rounded once to the activations' dtype O.
+template <int M, int R, typename O>
+inline void finish(const __m512 (&acc)[R][M], int64_t n, int64_t j, O* out) {
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r)
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m) out[m * n + j + r] = static_cast<O>(_mm512_reduce_add_ps(acc[r][m]));
+}
+#endif
 
 // R weight rows from j against M activation rows, in float32; into out[m * n + j + r] (rounded
 // once, to the activations' dtype O). Several weight rows at once for few activation rows: each
@@ -149,10 +172,7 @@ void dot_block(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t
 #if RADIXSERVE_INT4_AVX512
   const __m512i nibble = _mm512_set1_epi32(0x000F0000), base = _mm512_set1_epi32(kBase);
   __m512 acc[R][M];
-  RADIXSERVE_UNROLL
-  for (int r = 0; r < R; ++r)
-    RADIXSERVE_UNROLL
-    for (int m = 0; m < M; ++m) acc[r][m] = c.rest[r][m];
+  c.start(acc);
   for (int64_t b = 0; b < k / kBlock; ++b) {
     RADIXSERVE_UNROLL
     for (int t = 0; t < 4; ++t) {
@@ -175,11 +195,10 @@ void dot_block(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t
       }
     }
   }
-  RADIXSERVE_UNROLL
-  for (int r = 0; r < R; ++r)
-    RADIXSERVE_UNROLL
-    for (int m = 0; m < M; ++m) out[m * n + j + r] = static_cast<O>(_mm512_reduce_add_ps(acc[r][m]));
+  finish<M, R>(acc, n, j, out);
 #else
+  // Explicit fused multiply-adds: left to the compiler, whether a*b+c is fused can differ between
+  // row counts (vectorized across rows or not), and a row's bits would depend on its batch.
   for (int r = 0; r < R; ++r) {
     float acc[M] = {};
     for (int64_t g = 0; g < groups; ++g) {
@@ -190,9 +209,9 @@ void dot_block(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t
         const uint16_t word = static_cast<uint16_t>(block[2 * i] | (block[2 * i + 1] << 8));
         const float q = 128.f + static_cast<float>((word >> (4 * t)) & 0x0F);
         const int64_t at = g * kGroup + (i % 2 == 0 ? i / 2 : 16 + i / 2);  // the paired order
-        for (int m = 0; m < M; ++m) part[m] += q * a.paired[m * k + at];
+        for (int m = 0; m < M; ++m) part[m] = std::fma(q, a.paired[m * k + at], part[m]);
       }
-      for (int m = 0; m < M; ++m) acc[m] += part[m] * c.scale[r * groups + g];
+      for (int m = 0; m < M; ++m) acc[m] = std::fma(part[m], c.scale[r * groups + g], acc[m]);
     }
     for (int m = 0; m < M; ++m) out[m * n + j + r] = static_cast<O>(acc[m] + c.rest[r][m]);
   }
@@ -208,10 +227,7 @@ void dot_block_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, in
   const int64_t k = a.k, groups = a.groups;
   const __m512i nibble = _mm512_set1_epi16(0x000F), base = _mm512_set1_epi16(0x4300);
   __m512 acc[R][M];
-  RADIXSERVE_UNROLL
-  for (int r = 0; r < R; ++r)
-    RADIXSERVE_UNROLL
-    for (int m = 0; m < M; ++m) acc[r][m] = c.rest[r][m];
+  c.start(acc);
   for (int64_t b = 0; b < k / kBlock; ++b) {
     RADIXSERVE_UNROLL
     for (int t = 0; t < 4; ++t) {
@@ -231,10 +247,7 @@ void dot_block_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, in
       }
     }
   }
-  RADIXSERVE_UNROLL
-  for (int r = 0; r < R; ++r)
-    RADIXSERVE_UNROLL
-    for (int m = 0; m < M; ++m) out[m * n + j + r] = static_cast<O>(_mm512_reduce_add_ps(acc[r][m]));
+  finish<M, R>(acc, n, j, out);
 }
 #endif
 
@@ -303,14 +316,10 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 15) / k);  // quads; small layers stay on one thread
   const auto run = [&](auto* op) {
     at::parallel_for(0, n / kQuad, grain, [&](int64_t begin, int64_t end) {
-      switch (rows) {
-#define RADIXSERVE_ROWS(M) \
-  case M:                  \
-    return dot_quads<M>(wp, sp, lp, n, begin, end, a, bf16, op);
-        RADIXSERVE_ROWS(1) RADIXSERVE_ROWS(2) RADIXSERVE_ROWS(3) RADIXSERVE_ROWS(4)
-        RADIXSERVE_ROWS(5) RADIXSERVE_ROWS(6) RADIXSERVE_ROWS(7) RADIXSERVE_ROWS(8)
-#undef RADIXSERVE_ROWS
-      }
+      radixserve::with_row_count(rows, [&](auto count) {
+        constexpr int M = decltype(count)::value;
+        dot_quads<M>(wp, sp, lp, n, begin, end, a, bf16, op);
+      });
     });
   };
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int4_gemv", [&] {
