@@ -28,49 +28,34 @@
   on the CPU; on CUDA, pinned host memory and a copy stream whose events the next step waits on
   (`before_step`, called by the model runner before every forward).
 The tree decides when KV moves (eviction demotes, a match promotes); this file only keeps copies.
-The files' format and the digest are runtime/kv/kv_files.py.
+The files' format and the digest are runtime/kv/kv_files.py; the writer and prefetch threads,
+runtime/kv/disk_workers.py; the configuration and counters, runtime/kv/tier_config.py.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import queue
 import threading
-import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from radix.tiers import StoredKey
+from runtime.kv.disk_workers import DiskWorkers
 from runtime.kv.host_codec import HostCodec, HostCopy
 from runtime.kv.kv_files import DiskRun, kv_digest, read_kv_file, read_kv_key, read_retained, write_kv_file, write_retained
 from runtime.kv.pool import KVPool
+from runtime.kv.tier_config import TierConfig, TierStats
 from runtime.kv.tier_copy import copy_engine
 from runtime.kv.tier_retention import RETAINED_SHARE, TierRetention
 
 logger = logging.getLogger(__name__)
-__all__ = ["KVTiers", "TierConfig", "TierStats", "kv_digest"]  # kv_digest: re-exported
+__all__ = ["KVTiers", "TierConfig", "TierStats", "kv_digest"]  # all but KVTiers: re-exported
 MAX_QUEUED_WRITES = 256
-_SAVE_RETAINED = -2  # a marker on the writer's queue: record the retentions (kv_files.write_retained)
-GiB = 2**30
-
-
-@dataclass(frozen=True)
-class TierConfig:
-    host_tokens: int = 0  # 0: no host tier
-    disk_dir: Path | None = None  # None: no disk tier
-    disk_bytes: int = 4 * GiB
-    digest: str = ""  # what the KV depends on (kv_digest); names the disk folder
-    host_dtype: str = "auto"  # how host copies (and disk files) hold KV: runtime/kv/host_codec.py
-    copy_engine: str = "auto"  # how KV moves to and from host copies: runtime/kv/tier_copy.py
-
-    @property
-    def enabled(self) -> bool:
-        return self.host_tokens > 0 or self.disk_dir is not None
 
 
 @dataclass
@@ -82,16 +67,6 @@ class _Entry:
     writing: bool = False
     released: bool = False
     prefetch: threading.Event | None = None  # set when a background read of its file is done
-
-
-@dataclass
-class TierStats:
-    writes: int = 0
-    write_bytes: int = 0
-    reads: int = 0
-    corrupt: int = 0
-    restored: int = 0
-    prefetched: int = 0  # files read ahead of a load by the prefetch thread
 
 
 class KVTiers:
@@ -111,25 +86,21 @@ class KVTiers:
         self._disk_bytes = 0
         self._dropped: list[int] = []
         self._prefetched: OrderedDict[int, int] = OrderedDict()  # handle -> tokens, read ahead from disk
-        self._prefetches: queue.Queue[tuple[int, _Entry] | None] = queue.Queue()
-        self._reader: threading.Thread | None = None
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self.folder: Path | None = None
-        self._writes: queue.Queue[int | None] = queue.Queue()
         self._retained_dirty = False
-        self._writer: threading.Thread | None = None
+        self._disk: DiskWorkers | None = None  # the writer and reader threads (disk_workers.py)
         if config.disk_dir is not None:
             self.folder = Path(config.disk_dir) / config.digest
             self.folder.mkdir(parents=True, exist_ok=True)
-            self._writer = threading.Thread(target=self._write_loop, name="radixserve-kv-disk", daemon=True)
-            self._writer.start()
+            self._disk = DiskWorkers(self._write, self._write_retained, self._prefetch_one)
 
     # -- LowerTier -------------------------------------------------------------------------------
 
     def store(self, key: StoredKey, slots: torch.Tensor, evicting: bool) -> object | None:
         keep_host = evicting and self.config.host_tokens >= len(slots)
-        if not keep_host and (self.folder is None or self._writes.qsize() > MAX_QUEUED_WRITES):
+        if not keep_host and (self._disk is None or self._disk.backlog() > MAX_QUEUED_WRITES):
             return None  # (a writer far behind: this prefix is not persisted, rather than RAM piling up)
         copy = self.copies.download(self.pool, slots, self.codec)
         with self._lock:
@@ -189,7 +160,7 @@ class KVTiers:
     def prefetch(self, handles: list[object]) -> int:
         """Start reading, in the background, the files of those handles that are only on disk;
         how many reads were queued."""
-        if self.folder is None:
+        if self._disk is None:
             return 0
         queued = 0
         with self._lock:
@@ -198,11 +169,8 @@ class KVTiers:
                 if entry is None or entry.host is not None or entry.disk is None or entry.prefetch is not None:
                     continue
                 entry.prefetch = threading.Event()
-                self._prefetches.put((handle, entry))  # type: ignore[arg-type]
+                self._disk.read_ahead((handle, entry))
                 queued += 1
-            if queued and self._reader is None:
-                self._reader = threading.Thread(target=self._prefetch_loop, name="radixserve-kv-prefetch", daemon=True)
-                self._reader.start()
         return queued
 
     def split(self, handle: object, n: int) -> tuple[object, object] | None:
@@ -328,18 +296,12 @@ class KVTiers:
 
     def flush(self, timeout: float = 60.0) -> None:
         """Wait until every queued write is on disk (tests, shutdown)."""
-        if self._writer is not None:
-            self._flushed = threading.Event()
-            self._writes.put(-1)  # a marker: the writer sets the event when it reaches it
-            self._flushed.wait(timeout)
+        if self._disk is not None:
+            self._disk.flush(timeout)
 
     def close(self) -> None:
-        if self._writer is not None and self._writer.is_alive():
-            self._writes.put(None)
-            self._writer.join(timeout=60)
-        if self._reader is not None and self._reader.is_alive():
-            self._prefetches.put(None)
-            self._reader.join(timeout=60)
+        if self._disk is not None:
+            self._disk.close()
 
     # -- copies ----------------------------------------------------------------------------------
 
@@ -364,9 +326,9 @@ class KVTiers:
             self._host_lru[handle] = None
             self._host_tokens += entry.tokens
             self._fit_host()
-        if self.folder is not None:
+        if self._disk is not None:
             entry.writing = True
-            self._writes.put(handle)
+            self._disk.write(handle)
         return handle
 
     def _forget(self, handle: int) -> None:
@@ -454,48 +416,29 @@ class KVTiers:
         self.retention.gone(handle)
         self._dropped.append(handle)
 
-    # -- the disk --------------------------------------------------------------------------------
+    # -- the disk (run by the threads of disk_workers.py) ----------------------------------------
 
-    def _prefetch_loop(self) -> None:
-        while True:
-            item = self._prefetches.get()
-            if item is None:
-                return
-            handle, entry = item
-            with self._lock:
-                run = None if entry.released else entry.disk
-            try:  # (a damaged file goes here as on a load; the load then finds it gone)
-                copy = self._read(run) if run is not None else None
-            except Exception:  # noqa: BLE001 - a failed read ahead only costs the load its own read
-                logger.exception("KV disk tier: a prefetch failed")
-                copy = None
-            with self._lock:
-                if copy is not None and not entry.released and entry.host is None and entry.disk is not None:
-                    entry.host = copy
-                    self._prefetched[handle] = entry.tokens
-                    self.stats.prefetched += 1
-                    while sum(self._prefetched.values()) > self.pool.num_slots:  # at most a pool's worth
-                        oldest, _ = self._prefetched.popitem(last=False)
-                        self._entries[oldest].host = None
-                event, entry.prefetch = entry.prefetch, None
-            if event is not None:
-                event.set()
-
-    def _write_loop(self) -> None:
-        while True:
-            handle = self._writes.get()
-            if handle is None:
-                return
-            if handle == -1:
-                self._flushed.set()
-                continue
-            if handle == _SAVE_RETAINED:
-                self._write_retained()
-                continue
-            try:
-                self._write(handle)
-            except Exception:  # noqa: BLE001 - a failed write only costs a recompute later
-                logger.exception("KV disk tier: a write failed")
+    def _prefetch_one(self, item: object) -> None:
+        """Read a queued prefetch's file into a held host copy, and wake a load waiting for it."""
+        handle, entry = item  # type: ignore[misc]
+        with self._lock:
+            run = None if entry.released else entry.disk
+        try:  # (a damaged file goes here as on a load; the load then finds it gone)
+            copy = self._read(run) if run is not None else None
+        except Exception:  # noqa: BLE001 - a failed read ahead only costs the load its own read
+            logger.exception("KV disk tier: a prefetch failed")
+            copy = None
+        with self._lock:
+            if copy is not None and not entry.released and entry.host is None and entry.disk is not None:
+                entry.host = copy
+                self._prefetched[handle] = entry.tokens
+                self.stats.prefetched += 1
+                while sum(self._prefetched.values()) > self.pool.num_slots:  # at most a pool's worth
+                    oldest, _ = self._prefetched.popitem(last=False)
+                    self._entries[oldest].host = None
+            event, entry.prefetch = entry.prefetch, None
+        if event is not None:
+            event.set()
 
     def _write(self, handle: int) -> None:
         with self._lock:
@@ -523,9 +466,9 @@ class KVTiers:
 
     def _save_retained(self) -> None:
         """Have the writer record the live retentions beside the files (a restart keeps them)."""
-        if self.folder is not None and not self._retained_dirty:
+        if self._disk is not None and not self._retained_dirty:
             self._retained_dirty = True  # (several changes before the writer gets to it: one write)
-            self._writes.put(_SAVE_RETAINED)
+            self._disk.save_retained()
 
     def _write_retained(self) -> None:
         with self._lock:
