@@ -22,7 +22,7 @@ import torch
 from radix.tree_view import DEFAULT_LIMIT, cache_snapshot, check_page
 from runtime.cpu import serial_on_this_thread
 from runtime.default_model import resolve_model_path
-from runtime.detokenizer import IncrementalDetokenizer
+from runtime.text.detokenizer import IncrementalDetokenizer
 from runtime.engine_args import EngineArgs
 from runtime.engine_info import EngineInfo
 from runtime.engine_loop import EngineLoop
@@ -33,7 +33,7 @@ from runtime.sampling_params import SamplingParams
 from runtime.schedule_policy import SchedulePolicy
 from runtime.scheduler import Scheduler
 from runtime.step_timing import StepTimings
-from runtime.tokenizer import Tokenizer
+from runtime.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from runtime.grammar import Grammars

@@ -40,7 +40,7 @@ from runtime.scheduler import Scheduler
 from runtime.step import BatchEntry, StepOutputs, StepPlan
 from runtime.step_sampler import GrammarMask, StepSampler
 from runtime.step_timing import StepTimings
-from runtime.tokenizer import Tokenizer
+from runtime.text.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 Command = Callable[[], None]

@@ -6,7 +6,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from runtime.detokenizer import IncrementalDetokenizer
+from runtime.text.detokenizer import IncrementalDetokenizer
 from runtime.output import Logprobs, Output
 from runtime.sampling_params import SamplingParams
 

@@ -89,7 +89,7 @@ def test_multibyte_characters_are_never_split(engine: Engine) -> None:
     text = "naïve café, 東京 and 😀 done"
     ids = engine.tokenizer.encode(text)
     # Feed the tokens of the text through the detokenizer one at a time, as generation would.
-    from runtime.detokenizer import IncrementalDetokenizer
+    from runtime.text.detokenizer import IncrementalDetokenizer
 
     detok = IncrementalDetokenizer(engine.tokenizer, ids[:1], [])
     pieces = []

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from runtime import Engine
-from runtime.detokenizer import IncrementalDetokenizer
+from runtime.text.detokenizer import IncrementalDetokenizer
 from tests.runtime.engine_helpers import assert_slots_balanced
 from tests.tiny_models import save_tiny_model
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.tokenizer import Tokenizer
+from runtime.text.tokenizer import Tokenizer
 from tests.tiny_models import save_tiny_model
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import regex  # the `regex` package: partial matches tell what to hold back while streaming
 
-from runtime.tokenizer import Tokenizer
+from runtime.text.tokenizer import Tokenizer
 
 CONTEXT_TOKENS = 5  # prompt tokens decoded ahead of the output so leading spaces survive
 

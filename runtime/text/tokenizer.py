@@ -33,7 +33,7 @@ class Tokenizer:
             # transformers would build an empty tokenizer from the model type; we refuse text instead.
             logger.warning("no tokenizer files in %s: serving token ids only", folder)
         self.bos_token_id: int | None = self.hf.bos_token_id if self.hf is not None else None
-        # Decoding runs for every generated token (runtime/detokenizer.py): call the Rust tokenizer
+        # Decoding runs for every generated token (runtime/text/detokenizer.py): call the Rust tokenizer
         # directly where transformers would add nothing to its result (no clean-up pass): about 6x
         # less host time per token than through transformers' Python wrapper.
         backend = getattr(self.hf, "_tokenizer", None)
