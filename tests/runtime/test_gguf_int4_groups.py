@@ -1,4 +1,4 @@
-"""A GGUF's own 4-bit tensors served as int4 as shipped (runtime/gguf_groups.py): the decoders
+"""A GGUF's own 4-bit tensors served as int4 as shipped (runtime/loading/gguf_groups.py): the decoders
 agree with the gguf package's dequantizer bit for bit, the converter keeps the groups, and
 `--quantization int4` serves those layers from them."""
 
@@ -15,8 +15,8 @@ from gguf.quants import dequantize
 
 from runtime import Engine
 from runtime.cpu.int4_linear import INT4_MAX_ROWS, Int4Linear
-from runtime.default_model import build_model_dir
-from runtime.gguf_groups import FOUR_BIT, INT4_GROUPS_FILE, decode_blocks, read_int4_groups, tensor_groups
+from runtime.loading.default_model import build_model_dir
+from runtime.loading.gguf_groups import FOUR_BIT, INT4_GROUPS_FILE, decode_blocks, read_int4_groups, tensor_groups
 from runtime.model_runner import ModelRunner, RunnerConfig
 from runtime.models.weights import checkpoint_files
 from tests.tiny_gguf import write_tiny_gemma3_gguf

@@ -23,9 +23,9 @@ from runtime.cpu.gguf_linear import GROUP_MAX_ROWS, GroupLinear
 from runtime.cpu.gguf_linear import group_kernel_fast as gguf_fast
 from runtime.cpu.int4_linear import Int4Linear
 from runtime.cpu.prepare import resolve_quantization
-from runtime.default_model import build_model_dir
-from runtime.gguf_groups import read_int4_groups
-from runtime.gguf_int8_groups import EIGHT_BIT, INT8_GROUPS_FILE, read_int8_groups, tensor_groups
+from runtime.loading.default_model import build_model_dir
+from runtime.loading.gguf_groups import read_int4_groups
+from runtime.loading.gguf_int8_groups import EIGHT_BIT, INT8_GROUPS_FILE, read_int8_groups, tensor_groups
 from runtime.model_runner import ModelRunner, RunnerConfig, load_config, load_model
 from runtime.models.weights import checkpoint_files
 from tests.tiny_gguf import write_tiny_gemma3_gguf
@@ -57,7 +57,7 @@ def test_decoded_groups_are_exactly_the_dequantized_weights(kind: GGMLQuantizati
     assert groups.scales.dtype == (torch.float32 if q6 else torch.float16)  # the block's own f16 d where exact
     want = dequantize(blocks.reshape(rows, -1), kind).reshape(rows, width)
     assert np.array_equal(groups.dequantize().numpy(), want)
-    assert tensor_groups(GGMLQuantizationType.Q4_K, blocks, (rows, width)) is None  # 4-bit: runtime/gguf_groups.py
+    assert tensor_groups(GGMLQuantizationType.Q4_K, blocks, (rows, width)) is None  # 4-bit: runtime/loading/gguf_groups.py
 
 
 @pytest.fixture(scope="module")

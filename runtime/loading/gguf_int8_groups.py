@@ -6,7 +6,7 @@ one scale: w = scale * q (Q5_0's codes are its 5-bit values less 16, Q6_K's its 
 so these tensors can be served *as shipped* by the group kernel (kernels/csrc/group_gemv.cpp,
 runtime/cpu/gguf_linear.py), reading one byte a weight, with no rounding to bf16 (Q8_0 codes are
 int8 by the format: -128..127). The converter writes them to `int8-groups.st` in the model
-folder under their Hugging Face names, beside the 4-bit ones of runtime/gguf_groups.py: codes as
+folder under their Hugging Face names, beside the 4-bit ones of runtime/loading/gguf_groups.py: codes as
 int8, scales as float16 where the format's are (Q8_0, Q5_0) and float32 where they are products
 (Q6_K).
 
@@ -29,7 +29,7 @@ from gguf.quants import dequantize
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from runtime.gguf_groups import INT4_GROUPS_FILE, decoded_tensors
+from runtime.loading.gguf_groups import INT4_GROUPS_FILE, decoded_tensors
 
 INT8_GROUPS_FILE = "int8-groups.st"
 KEPT_GROUP_FILES = (INT4_GROUPS_FILE, INT8_GROUPS_FILE)  # every file a GGUF's quantized tensors are kept in

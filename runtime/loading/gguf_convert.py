@@ -6,7 +6,7 @@ with `gguf.quants.dequantize` and renamed to Hugging Face names; the tokenizer (
 own chat template, when it has one) is rebuilt by `transformers` from the GGUF's vocabulary. The
 result loads like any other checkpoint, with our model code or with `transformers`. The GGUF's
 quantized tensors are also kept as they are shipped: the 4-bit ones as int4 groups
-(runtime/gguf_groups.py), the 5-, 6- and 8-bit ones as int8 groups (runtime/gguf_int8_groups.py),
+(runtime/loading/gguf_groups.py), the 5-, 6- and 8-bit ones as int8 groups (runtime/loading/gguf_int8_groups.py),
 which `--quantization gguf` (the default on the CPU for such a folder) serves.
 """
 
@@ -25,8 +25,8 @@ from gguf.quants import dequantize
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from runtime.gguf_groups import INT4_GROUPS_FILE, write_int4_groups
-from runtime.gguf_int8_groups import INT8_GROUPS_FILE, KEPT_GROUP_FILES, write_int8_groups
+from runtime.loading.gguf_groups import INT4_GROUPS_FILE, write_int4_groups
+from runtime.loading.gguf_int8_groups import INT8_GROUPS_FILE, KEPT_GROUP_FILES, write_int8_groups
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ def dequantized_state_dict(
     return state
 
 
-# file -> its writer (runtime/gguf_groups.py: the 4-bit tensors; runtime/gguf_int8_groups.py: the 5-8-bit ones)
+# file -> its writer (runtime/loading/gguf_groups.py: the 4-bit tensors; runtime/loading/gguf_int8_groups.py: the 5-8-bit ones)
 GROUP_WRITERS: dict[str, Callable[[GGUFReader, Path, Callable[[str], str]], int]] = {
     INT4_GROUPS_FILE: write_int4_groups, INT8_GROUPS_FILE: write_int8_groups}
 

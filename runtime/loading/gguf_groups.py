@@ -4,7 +4,7 @@ llama.cpp's Q4_K, Q4_0 and Q4_1 store each run of 32 weights as 4-bit codes q wi
 and one offset: w = scale * q + low. That is exactly the layout `--quantization int4` computes
 with (runtime/cpu/int4_linear.py: groups of 32, w = (q - 8) * scale + zero), so such a tensor
 can be served as int4 *as shipped*, with no round trip through bf16 and no second rounding.
-The converter (runtime/gguf_convert.py) writes the codes, scales and lows of every such tensor
+The converter (runtime/loading/gguf_convert.py) writes the codes, scales and lows of every such tensor
 to `int4-groups.st` (a safetensors file) in the model folder, under its Hugging Face name; the int4 loader
 reads them there and quantizes only the tensors the file lacks (other GGUF types: Q5_0, Q6_K,
 Q8_0, ...). Q4_K's super-block header is unpacked by the gguf package's own reader
@@ -107,7 +107,7 @@ def tensor_groups(kind: GGMLQuantizationType, data: np.ndarray, shape: tuple[int
 def decoded_tensors(reader: GGUFReader, decode: Callable[[GGMLQuantizationType, np.ndarray, tuple[int, int]], G | None],
                     hf_name: Callable[[str], str]) -> Iterator[tuple[str, G]]:
     """(Hugging Face name, groups) of every tensor of the GGUF that `decode(kind, data, shape)`
-    keeps (this file's tensor_groups, or runtime/gguf_int8_groups.py's)."""
+    keeps (this file's tensor_groups, or runtime/loading/gguf_int8_groups.py's)."""
     for tensor in reader.tensors:
         shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the fastest dimension first
         groups = decode(tensor.tensor_type, tensor.data, shape)  # type: ignore[arg-type]

