@@ -36,7 +36,7 @@ from runtime.step_timing import StepTimings
 from runtime.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from runtime.grammar import Grammars
+    from runtime.sampling.grammar import Grammars
 
 logger = logging.getLogger(__name__)
 ParamsLike = SamplingParams | dict | None
@@ -66,7 +66,7 @@ class Engine:
         # New requests not yet admitted, counted at once (the loop's stats lag a step behind).
         self._queued = 0
         self._queue_lock = threading.Lock()
-        self._grammars = None  # runtime.grammar.Grammars, built on the first constrained request
+        self._grammars = None  # runtime.sampling.grammar.Grammars, built on the first constrained request
         self._grammars_lock = threading.Lock()
         self.scheduler.on_dequeue = self._dequeued
         self._seeds = itertools.count(self.args.seed * 1_000_003)
@@ -138,11 +138,11 @@ class Engine:
 
     @property
     def grammars(self) -> Grammars:
-        """The grammar compiler for this engine's vocabulary (runtime/grammar.py): built on first
+        """The grammar compiler for this engine's vocabulary (runtime/sampling/grammar.py): built on first
         use, since reading the tokenizer into xgrammar takes a moment."""
         with self._grammars_lock:
             if self._grammars is None:
-                from runtime.grammar import Grammars
+                from runtime.sampling.grammar import Grammars
 
                 stops = sorted(self.tokenizer.eos_token_ids)
                 self._grammars = Grammars(self.tokenizer.hf, self.runner.vocab_size, stops)

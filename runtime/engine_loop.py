@@ -3,7 +3,7 @@
 One step reads plan -> forward -> sample -> process: the scheduler plans (runtime/scheduler.py),
 the runner lays the plan out on the device and computes logits (eagerly, or by replaying a
 CUDA graph for a decode step: runtime/model_runner.py), the step sampler scores prompt logprobs
-and chooses tokens (runtime/step_sampler.py), and the output processor applies them
+and chooses tokens (runtime/sampling/step_sampler.py), and the output processor applies them
 (runtime/output_processor.py). What passes between them is declared in runtime/step.py. The
 loop itself keeps the thread, the inbox of commands, overlap and fault isolation.
 
@@ -35,10 +35,10 @@ from runtime.kv import KVManager
 from runtime.model_runner import ModelRunner
 from runtime.output_processor import OutputProcessor
 from runtime.request import Req, ReqState
-from runtime.sampler import Sampler, has_penalty
+from runtime.sampling.sampler import Sampler, has_penalty
 from runtime.scheduler import Scheduler
 from runtime.step import BatchEntry, StepOutputs, StepPlan
-from runtime.step_sampler import GrammarMask, StepSampler
+from runtime.sampling.step_sampler import GrammarMask, StepSampler
 from runtime.step_timing import StepTimings
 from runtime.text.tokenizer import Tokenizer
 
@@ -63,7 +63,7 @@ class EngineLoop:
     def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, scheduler: Scheduler, kv: KVManager,
                  context_len: int, overlap: bool = False, grammar_mask: GrammarMask | None = None) -> None:
         """grammar_mask: masks logits rows by their requests' grammar matchers (the Engine's
-        runtime.grammar.Grammars, built on the first constrained request)."""
+        runtime.sampling.grammar.Grammars, built on the first constrained request)."""
         self.runner = runner
         # Overlap: step n+1 is planned and launched before step n's tokens are read on the host;
         # `_inflight` is the launched step whose tokens the host has not read yet.
@@ -283,7 +283,7 @@ class EngineLoop:
             "prompts_without_forward_total": self.kv.last_logits.hits,  # exact re-sends (kv/last_logits.py)
             "steps_total": self.steps,
         }
-        if sched.speculative is not None:  # prompt-lookup speculative decoding (runtime/speculative.py)
+        if sched.speculative is not None:  # prompt-lookup speculative decoding (runtime/sampling/speculative.py)
             drafted, kept = counters.draft_tokens, self.output.accepted_draft_tokens
             stats.update({"spec_draft_tokens_total": drafted, "spec_accepted_tokens_total": kept,
                           "spec_acceptance_rate": kept / drafted if drafted else 0.0})

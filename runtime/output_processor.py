@@ -12,9 +12,9 @@ from collections.abc import Callable
 from runtime.kv import KVManager
 from runtime.output import Logprobs, Output
 from runtime.request import Req, ReqState
-from runtime.sampler import SampleResult
+from runtime.sampling.sampler import SampleResult
 from runtime.scheduler import Scheduler
-from runtime.speculative import accepted
+from runtime.sampling.speculative import accepted
 from runtime.step import StepOutputs, StepPlan
 
 
@@ -26,7 +26,7 @@ class OutputProcessor:
         self.context_len = context_len
         self.requests: dict[str, Req] = {}  # every request not yet finished, by rid
         self.generated_tokens = 0
-        self.accepted_draft_tokens = 0  # draft tokens the model chose too (runtime/speculative.py)
+        self.accepted_draft_tokens = 0  # draft tokens the model chose too (runtime/sampling/speculative.py)
         self.outbox: list[tuple[Callable[[Output], None], Output]] = []
 
     def advance(self, plan: StepPlan, out: StepOutputs) -> None:
@@ -68,7 +68,7 @@ class OutputProcessor:
     def _verify_drafts(self, out: StepOutputs, r: SampleResult, j: int) -> None:
         """Keep each draft's prefix the model chose too, then the model's own token at the first
         position it did not (rejection sampling for sampled requests: runtime/sampler.verify_draft);
-        the rejected positions' KV slots go back (runtime/speculative.py). r's rows from j on are
+        the rejected positions' KV slots go back (runtime/sampling/speculative.py). r's rows from j on are
         the drafts' positions, in order."""
         for req, draft in out.drafts:
             rows, j = range(j, j + len(draft) + 1), j + len(draft) + 1

@@ -24,12 +24,12 @@ class Req:
     params: SamplingParams
     detok: IncrementalDetokenizer
     sink: Callable[[Output], None]  # called on the engine thread with each new Output
-    seed: int  # with the output length, decides this request's random draws (runtime/sampler.py)
+    seed: int  # with the output length, decides this request's random draws (runtime/sampling/sampler.py)
     extra_key: str | None = None  # cache salt: namespaces the prefix cache
     index: int = 0  # sample index among the n of its prompt
     arrival: int = 0  # admission order tiebreak (FCFS)
     stream: bool = False
-    grammar: object | None = None  # an xgrammar matcher when the output is constrained (runtime/grammar.py)
+    grammar: object | None = None  # an xgrammar matcher when the output is constrained (runtime/sampling/grammar.py)
     state: ReqState = ReqState.WAITING
     output_ids: list[int] = field(default_factory=list)
     # KV bookkeeping (valid while RUNNING)

@@ -42,14 +42,14 @@ class SamplingParams:
     logprob_start_len: int = -1  # -1: no prompt logprobs
     top_logprobs_num: int = 0
     skip_special_tokens: bool = True
-    # Constrained decoding (runtime/grammar.py): at most one of these.
+    # Constrained decoding (runtime/sampling/grammar.py): at most one of these.
     regex: str | None = None
     json_schema: str | None = None  # a JSON Schema, as JSON text
     ebnf: str | None = None  # a grammar in xgrammar's EBNF (GBNF-like), start rule `root`
     # xgrammar's structural tag, as JSON text (as SGLang's `structural_tag`): free text until a
     # trigger, then the tag's content constrained (how tool calls are kept valid under tool_choice auto)
     structural_tag: str | None = None
-    # False: this request never drafts tokens, even when the engine speculates (runtime/speculative.py)
+    # False: this request never drafts tokens, even when the engine speculates (runtime/sampling/speculative.py)
     speculative: bool = True
 
     @classmethod

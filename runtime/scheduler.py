@@ -23,7 +23,7 @@ from runtime.kv import KVManager
 from runtime.output import Logprobs
 from runtime.request import Req, ReqState
 from runtime.schedule_policy import SchedulePolicy
-from runtime.speculative import SpeculativeConfig, may_speculate, propose
+from runtime.sampling.speculative import SpeculativeConfig, may_speculate, propose
 from runtime.step import StepPlan
 
 # Room held back for running requests' future tokens: this share of (at most DECODE_RESERVE_CAP)
@@ -38,7 +38,7 @@ class SchedulerCounters:
     cached_tokens: int = 0
     computed_prompt_tokens: int = 0  # prompt tokens actually run through the model (incl. recompute)
     retractions: int = 0
-    draft_tokens: int = 0  # tokens proposed by speculative decoding (runtime/speculative.py)
+    draft_tokens: int = 0  # tokens proposed by speculative decoding (runtime/sampling/speculative.py)
 
 
 class Scheduler:
@@ -121,7 +121,7 @@ class Scheduler:
                 plan.add(req, 1)
 
     def _drafts(self, decoding: list[Req]) -> dict[Req, list[int]]:
-        """Prompt-lookup drafts for the decoding requests that may speculate (runtime/speculative.py)."""
+        """Prompt-lookup drafts for the decoding requests that may speculate (runtime/sampling/speculative.py)."""
         config = self.speculative
         if config is None or (config.disable_by_batch_size is not None and len(decoding) >= config.disable_by_batch_size):
             return {}

@@ -4,7 +4,7 @@
 - The model runner lays the entries out in the packed layout below (runtime/forward_batch.py),
   uploads it in one copy and computes logits (eagerly, or by replaying a CUDA graph whose static
   buffer has the same layout: runtime/graph_runner.py).
-- The step sampler (runtime/step_sampler.py) turns the logits into `StepOutputs`: prompt
+- The step sampler (runtime/sampling/step_sampler.py) turns the logits into `StepOutputs`: prompt
   logprobs and chosen tokens, which may still be on the device.
 - The output processor (runtime/output_processor.py) applies them to the requests.
 
@@ -23,7 +23,7 @@ import torch
 
 if TYPE_CHECKING:
     from runtime.request import Req
-    from runtime.sampler import PendingSample
+    from runtime.sampling.sampler import PendingSample
 
 FUTURE = -1  # the placeholder id of a token still on the device (BatchEntry.future says which)
 
@@ -35,7 +35,7 @@ class BatchEntry:
     token_ids: list[int]  # the new tokens, at positions prefix_len, prefix_len + 1, ...
     logits_from: int | None = None  # also return logits of new-token offsets >= this
     future: int | None = None  # token_ids[-1] is the previous step's sampled id number `future`
-    draft: int = 0  # the last `draft` tokens are proposals to verify (runtime/speculative.py)
+    draft: int = 0  # the last `draft` tokens are proposals to verify (runtime/sampling/speculative.py)
 
 
 # The packed layout of a step: one int64 tensor holding these sections, in this order. Sizes are

@@ -1,5 +1,5 @@
 """Structured output on the OpenAI routes: `response_format`, `tools` + `tool_choice`, and SGLang's
-`regex` / `ebnf` extensions, turned into one engine constraint (runtime/grammar.py); and tool
+`regex` / `ebnf` extensions, turned into one engine constraint (runtime/sampling/grammar.py); and tool
 calls shaped back into OpenAI's `tool_calls`.
 
 - `response_format`: `text` (no constraint), `json_object` (an object), `json_schema` (its

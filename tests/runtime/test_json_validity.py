@@ -6,7 +6,7 @@ be accepted token by token by a fresh matcher, parse with `json.loads` (strict: 
 characters in strings) and validate with pydantic (whose parser also refuses lone surrogates),
 and be exactly the decode of its tokens. The schemas have bounded strings (`max_length`,
 `min_length`): xgrammar 0.2.8 turns those into a class that admits `\\x00-\\x1f` and no
-escapes, the cause of `{"name": "Qyou+\\x0f laz...` (runtime/json_grammar.py repairs it).
+escapes, the cause of `{"name": "Qyou+\\x0f laz...` (runtime/sampling/json_grammar.py repairs it).
 """
 
 from __future__ import annotations

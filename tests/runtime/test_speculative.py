@@ -1,4 +1,4 @@
-"""Prompt-lookup speculative decoding (runtime/speculative.py): greedy output is token for token
+"""Prompt-lookup speculative decoding (runtime/sampling/speculative.py): greedy output is token for token
 what decoding one token at a time gives, for every family (fp32), with drafts really proposed and
 accepted; rejected positions' slots come back; sampled requests keep their distribution (the
 rejection rule, runtime/sampler.verify_draft, checked statistically) and, seeded, their tokens;
@@ -13,9 +13,9 @@ import torch
 
 from runtime import Engine, EngineArgs
 from runtime.request import Req
-from runtime.sampler import Sampler, verify_draft
+from runtime.sampling.sampler import Sampler, verify_draft
 from runtime.sampling_params import SamplingParams
-from runtime.speculative import SpeculativeConfig, accepted, draft_sample_rows, propose
+from runtime.sampling.speculative import SpeculativeConfig, accepted, draft_sample_rows, propose
 from tests.runtime.engine_helpers import assert_slots_balanced
 from tests.tiny_models import FAMILIES, save_tiny_model
 

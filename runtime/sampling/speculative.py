@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from runtime.request import Req
-from runtime.sampler import SampleRow
+from runtime.sampling.sampler import SampleRow
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ import torch
 from runtime.forward_batch import HostBatch
 from runtime.kv.last_logits import LastLogits
 from runtime.request import Req, ReqState
-from runtime.sampler import Sampler, SampleRow, device_ids, prompt_logprobs
-from runtime.speculative import draft_sample_rows
+from runtime.sampling.sampler import Sampler, SampleRow, device_ids, prompt_logprobs
+from runtime.sampling.speculative import draft_sample_rows
 from runtime.step import StepOutputs, StepPlan
 
 GrammarMask = Callable[[torch.Tensor, list], None]  # (logits rows, matchers) -> masks the rows in place
@@ -75,7 +75,7 @@ class StepSampler:
         """The rows to sample, in StepOutputs order: generating (forward, then ready), then drafts."""
         if not ready:
             assert logits is not None
-            rows = rows + draft_rows  # the model's choice at every drafted position (runtime/speculative.py)
+            rows = rows + draft_rows  # the model's choice at every drafted position (runtime/sampling/speculative.py)
             # A plain decode step samples every row in order: no need to copy the logits.
             return logits if rows == list(range(logits.shape[0])) else logits.index_select(
                 0, device_ids(rows, logits.device))

@@ -20,8 +20,8 @@ import threading
 
 import torch
 
-from runtime.grammar_vocab import tokenizer_info
-from runtime.json_grammar import json_schema_ebnf, repair_json_ebnf
+from runtime.sampling.grammar_vocab import tokenizer_info
+from runtime.sampling.json_grammar import json_schema_ebnf, repair_json_ebnf
 
 # `response_format: {"type": "json_object"}` asks for an object, not any JSON value.
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
@@ -36,7 +36,7 @@ class Grammars:
             raise ValueError("constrained decoding needs the model's tokenizer; this model folder has none")
         self._tokenizer, self._stop_token_ids = hf_tokenizer, stop_token_ids
         self.vocab_size = vocab_size
-        # One compiler per view of special tokens (runtime/grammar_vocab.py); the usual one now.
+        # One compiler per view of special tokens (runtime/sampling/grammar_vocab.py); the usual one now.
         self._compilers: dict[bool, object] = {}
         self.compiler = self._compiler(skip_special_tokens=True)
         self.batch = xgr.BatchGrammarMatcher(max_threads="auto")  # fills many rows' masks in parallel
@@ -59,7 +59,7 @@ class Grammars:
                     return compiler.compile_regex(source)
                 if kind == "json_schema":
                     json.loads(source)  # a clear message for what is not JSON at all
-                    # xgrammar's schema conversion, with its string rules made strict (runtime/json_grammar.py)
+                    # xgrammar's schema conversion, with its string rules made strict (runtime/sampling/json_grammar.py)
                     return compiler.compile_grammar(json_schema_ebnf(source, any_whitespace=False, strict_mode=True))
                 if kind == "ebnf":
                     return compiler.compile_grammar(source)

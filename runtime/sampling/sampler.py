@@ -10,7 +10,7 @@ cumulative distribution. So a seeded request gives the same tokens whatever else
 batch, on the CPU and on a GPU alike, with no per-request generator.
 
 A row may verify a prompt-lookup draft token (`SampleRow.draft`): `verify_draft` is the
-rejection rule that keeps sampled requests' distribution under speculation (runtime/speculative.py).
+rejection rule that keeps sampled requests' distribution under speculation (runtime/sampling/speculative.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class SampleRow:
     output_ids: list[int]
     seed: int
     drawn: int | None = None  # tokens drawn before this one (default: len(output_ids)); counts in-flight ones
-    draft: int = -1  # the drafted token this row's position verifies (-1: none; runtime/speculative.py)
+    draft: int = -1  # the drafted token this row's position verifies (-1: none; runtime/sampling/speculative.py)
 
     @property
     def draw(self) -> int:
