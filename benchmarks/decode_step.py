@@ -17,7 +17,7 @@ import torch
 
 from runtime.loading.default_model import resolve_model_path
 from runtime.forward_batch import BatchEntry, ForwardBatch
-from runtime.model_runner import DTYPES, ModelRunner, RunnerConfig
+from runtime.exec.model_runner import DTYPES, ModelRunner, RunnerConfig
 
 
 def _time(fn, repeats: int) -> float:  # noqa: ANN001

@@ -26,7 +26,7 @@ from runtime.text.detokenizer import IncrementalDetokenizer
 from runtime.engine_args import EngineArgs
 from runtime.engine_info import EngineInfo
 from runtime.engine_loop import EngineLoop
-from runtime.model_runner import ModelRunner, RunnerConfig, load_config
+from runtime.exec.model_runner import ModelRunner, RunnerConfig, load_config
 from runtime.output import Output
 from runtime.request import Req
 from runtime.sampling_params import SamplingParams

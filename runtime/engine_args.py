@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field, fields
 
 from kernels import check_backend_name
-from runtime.device import check_device_name, resolve_dtype
+from runtime.exec.device import check_device_name, resolve_dtype
 from runtime.kv.host_codec import HOST_DTYPES
 from runtime.kv.tier_copy import COPY_ENGINES
 

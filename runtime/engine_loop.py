@@ -2,7 +2,7 @@
 
 One step reads plan -> forward -> sample -> process: the scheduler plans (runtime/scheduler.py),
 the runner lays the plan out on the device and computes logits (eagerly, or by replaying a
-CUDA graph for a decode step: runtime/model_runner.py), the step sampler scores prompt logprobs
+CUDA graph for a decode step: runtime/exec/model_runner.py), the step sampler scores prompt logprobs
 and chooses tokens (runtime/sampling/step_sampler.py), and the output processor applies them
 (runtime/output_processor.py). What passes between them is declared in runtime/step.py. The
 loop itself keeps the thread, the inbox of commands, overlap and fault isolation.
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime.kv import KVManager
-from runtime.model_runner import ModelRunner
+from runtime.exec.model_runner import ModelRunner
 from runtime.output_processor import OutputProcessor
 from runtime.request import Req, ReqState
 from runtime.sampling.sampler import Sampler, has_penalty

@@ -5,7 +5,7 @@ Entries arrive in kernel order (the scheduler emits it): requests with several n
 (decodes). A step is laid out in two halves:
 - `HostBatch.pack` puts every per-token and per-request number into one int64 host tensor, in
   the sections of runtime/step.py's PACKED_LAYOUT (optionally padded to a CUDA-graph batch size,
-  runtime/graph_runner.py);
+  runtime/exec/graph_runner.py);
 - `ForwardBatch.from_device` reads that tensor after its one upload and builds the step's
   AttentionMetadata from it: every layer then reads the same device tensors, and nothing later
   in the step goes back to the host.

@@ -3,7 +3,7 @@
 - The scheduler plans a step as a `StepPlan`: requests and their `BatchEntry`s, in kernel order.
 - The model runner lays the entries out in the packed layout below (runtime/forward_batch.py),
   uploads it in one copy and computes logits (eagerly, or by replaying a CUDA graph whose static
-  buffer has the same layout: runtime/graph_runner.py).
+  buffer has the same layout: runtime/exec/graph_runner.py).
 - The step sampler (runtime/sampling/step_sampler.py) turns the logits into `StepOutputs`: prompt
   logprobs and chosen tokens, which may still be on the device.
 - The output processor (runtime/output_processor.py) applies them to the requests.

@@ -86,7 +86,7 @@ def choose(rates: MatmulRates) -> Precision:
 
 def resolve_precision(name: str, device: torch.device, width: int = 640) -> Precision:
     """The precision for `--dtype name` on `device`; `auto` on the CPU measures (see above)."""
-    from runtime.device import resolve_dtype
+    from runtime.exec.device import resolve_dtype
 
     if name != "auto":
         return Precision(resolve_dtype(name), 0, f"--dtype {name}")

@@ -29,7 +29,7 @@ from runtime.cpu.kernel_linear import Kernel, copies_fit, linear_kernel, packing
 from runtime.cpu.output_layer import TimedOutputLayer
 from runtime.cpu.packed_linear import pack_linears
 from runtime.cpu.precision import Precision
-from runtime.device import host_available_bytes
+from runtime.exec.device import host_available_bytes
 from runtime.loading.gguf_groups import Int4Groups
 from runtime.loading.gguf_int8_groups import KEPT_GROUP_FILES, Int8Groups
 

@@ -4,14 +4,14 @@ Slots are grouped in pages by the allocator (radix.SlotAllocator); the pool itse
 Zero-filled, so a padded gather never reads NaNs from uninitialised memory. Sized after the
 weights are loaded (`plan_kv_tokens`), from what memory is left. One slot past the allocator's
 range, `pad_slot`, is never handed out: the padding rows of a CUDA-graph decode batch write their
-K/V there (runtime/graph_runner.py; the slot table's pad row points at it), so they can never touch a request's KV.
+K/V there (runtime/exec/graph_runner.py; the slot table's pad row points at it), so they can never touch a request's KV.
 """
 
 from __future__ import annotations
 
 import torch
 
-from runtime.device import default_kv_fraction, default_max_kv_tokens, free_bytes
+from runtime.exec.device import default_kv_fraction, default_max_kv_tokens, free_bytes
 
 
 def plan_kv_tokens(device: torch.device, per_token: int, page_size: int, tokens: int | None,

@@ -9,7 +9,7 @@ they are the same tensor. On a GPU, writes are logged and `sync()` applies all o
 writes with one upload and one scatter, before the step's forward.
 
 One row past `max_requests`, `pad_row`, belongs to no request: the padding rows of a CUDA-graph
-decode batch read it (runtime/graph_runner.py). Its first column holds the pool's pad slot, so a
+decode batch read it (runtime/exec/graph_runner.py). Its first column holds the pool's pad slot, so a
 padding request reads and writes only that slot.
 """
 

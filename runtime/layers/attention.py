@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.context import get_context
+from runtime.exec.context import get_context
 
 
 class PagedAttention(nn.Module):

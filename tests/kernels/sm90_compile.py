@@ -100,7 +100,7 @@ def make_batch(head_dim: int, kv_heads: int, group: int, dtype: torch.dtype, pag
     ext = [n for _, n in extends] + [1] * len(decodes)
     out_slots = torch.cat([table[i, p : p + n] for i, (p, n) in enumerate(zip(prefix, ext))])
     meta = AttentionMetadata.build(out_slots, table, prefix, ext)
-    meta.decode_splits = decode_splits  # as a captured CUDA graph fixes them (runtime/graph_runner.py)
+    meta.decode_splits = decode_splits  # as a captured CUDA graph fixes them (runtime/exec/graph_runner.py)
     heads = kv_heads * group
     t = len(out_slots)
     q = torch.randn(t, heads, head_dim).to(dtype)

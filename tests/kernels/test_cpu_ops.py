@@ -145,7 +145,7 @@ def test_models_match_with_and_without_the_kernels(family: str, dtype: str, tmp_
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Prefill and decode logits of whole models, fused kernels against the torch ops."""
     from runtime.forward_batch import BatchEntry, ForwardBatch
-    from runtime.model_runner import ModelRunner, RunnerConfig
+    from runtime.exec.model_runner import ModelRunner, RunnerConfig
 
     folder = save_tiny_model(family, tmp_path)
     ids = torch.randint(0, 200, (24,), generator=torch.Generator().manual_seed(6)).tolist()

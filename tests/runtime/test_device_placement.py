@@ -18,7 +18,7 @@ import torch
 
 from runtime import Engine
 from runtime.cpu.precision import choose
-from runtime.device import resolve_device
+from runtime.exec.device import resolve_device
 from tests.runtime.engine_helpers import assert_slots_balanced, shared_prefix_prompts
 from tests.tiny_models import save_tiny_model, tiny_config
 
@@ -105,7 +105,7 @@ def test_dummy_load_format_needs_only_a_config(tmp_path: Path, caplog: pytest.Lo
 
 def test_kv_pool_is_sized_after_the_weights(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     folder = save_tiny_model("qwen3", tmp_path)
-    with caplog.at_level(logging.INFO, logger="runtime.model_runner"):
+    with caplog.at_level(logging.INFO, logger="runtime.exec.model_runner"):
         with Engine(model=str(folder), kv_cache_memory_fraction=0.001, max_kv_cache_tokens=5000, page_size=4) as e:
             slots = e.runner.num_slots
     assert 0 < slots <= 5000 and slots % 4 == 0

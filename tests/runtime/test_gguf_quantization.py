@@ -26,7 +26,7 @@ from runtime.cpu.prepare import resolve_quantization
 from runtime.loading.default_model import build_model_dir
 from runtime.loading.gguf_groups import read_int4_groups
 from runtime.loading.gguf_int8_groups import EIGHT_BIT, INT8_GROUPS_FILE, read_int8_groups, tensor_groups
-from runtime.model_runner import ModelRunner, RunnerConfig, load_config, load_model
+from runtime.exec.model_runner import ModelRunner, RunnerConfig, load_config, load_model
 from runtime.models.weights import checkpoint_files
 from tests.tiny_gguf import write_tiny_gemma3_gguf
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from runtime.forward_batch import BatchEntry, ForwardBatch
-from runtime.model_runner import ModelRunner, RunnerConfig
+from runtime.exec.model_runner import ModelRunner, RunnerConfig
 from tests.tiny_models import FAMILIES, save_tiny_model
 
 TOL = 1e-4

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from runtime import Engine
-from runtime.graph_runner import DecodeGraphRunner, capture_sizes
+from runtime.exec.graph_runner import DecodeGraphRunner, capture_sizes
 from tests.runtime.engine_helpers import assert_slots_balanced, shared_prefix_prompts
 from tests.runtime.test_device_placement import PARAMS
 from tests.tiny_models import save_tiny_model

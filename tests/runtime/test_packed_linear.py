@@ -11,7 +11,7 @@ from torch import nn
 
 from runtime.cpu.kernel_linear import copies_fit, packing_supported
 from runtime.cpu.packed_linear import PackedLinear, pack_linears
-from runtime.model_runner import ModelRunner, RunnerConfig
+from runtime.exec.model_runner import ModelRunner, RunnerConfig
 from tests.tiny_models import save_tiny_model
 
 needs_packing = pytest.mark.skipif(not packing_supported(torch.float32), reason="no oneDNN packing in this build")
