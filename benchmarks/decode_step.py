@@ -16,7 +16,7 @@ import time
 import torch
 
 from runtime.loading.default_model import resolve_model_path
-from runtime.forward_batch import BatchEntry, ForwardBatch
+from runtime.step.forward_batch import BatchEntry, ForwardBatch
 from runtime.exec.model_runner import DTYPES, ModelRunner, RunnerConfig
 
 

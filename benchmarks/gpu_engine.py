@@ -5,7 +5,7 @@ one process and one run:
 - decode: B prompts of `--prompt-len` random tokens, `--new-tokens` each, ignore_eos, for each
   B in `--batches`: output tokens/s over the whole run (prefill included, as SGLang's offline
   throughput counts it), and where the loop's time went per step (host scheduling, host launch,
-  host processing, device busy, device idle share), from runtime/step_timing.py;
+  host processing, device busy, device idle share), from runtime/step/timing.py;
 - prefill: `--prefill-batch` x `--prefill-len` tokens with one new token each, tokens/s;
 - shared prefix: `--prefill-batch` requests sharing a `--prefill-len` prefix plus 32 tokens of
   their own, 32 new tokens each, with the prefix cache on and then off (a second engine);

@@ -25,14 +25,14 @@ from runtime.loading.default_model import resolve_model_path
 from runtime.text.detokenizer import IncrementalDetokenizer
 from runtime.engine_args import EngineArgs
 from runtime.engine_info import EngineInfo
-from runtime.engine_loop import EngineLoop
+from runtime.step.loop import EngineLoop
 from runtime.exec.model_runner import ModelRunner, RunnerConfig, load_config
 from runtime.output import Output
-from runtime.request import Req
+from runtime.step.request import Req
 from runtime.sampling_params import SamplingParams
-from runtime.schedule_policy import SchedulePolicy
-from runtime.scheduler import Scheduler
-from runtime.step_timing import StepTimings
+from runtime.step.schedule_policy import SchedulePolicy
+from runtime.step.scheduler import Scheduler
+from runtime.step.timing import StepTimings
 from runtime.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -316,7 +316,7 @@ class Engine:
 
     @contextmanager
     def time_steps(self) -> Iterator[StepTimings]:
-        """Record where the loop's time goes while the block runs (benchmarks: runtime/step_timing.py).
+        """Record where the loop's time goes while the block runs (benchmarks: runtime/step/timing.py).
         Requests submitted inside the block are timed from their first step."""
         timings = StepTimings(self.device)
         self.loop.post(lambda: self.loop.set_timings(timings))

@@ -3,7 +3,7 @@
 A decode step of a small model is hundreds of short kernels; launched one by one from Python
 they cost several times the GPU work (the README's "On a GPU" has the H100's figures). So at
 startup each batch size in `capture_sizes` gets:
-- a static device buffer holding the body of the packed step layout (runtime/step.py:
+- a static device buffer holding the body of the packed step layout (runtime/step/contract.py:
   PACKED_LAYOUT), which every replay overwrites with one copy;
 - a graph of the forward over that buffer, read through `ForwardBatch.from_device` exactly as an
   eager step reads its upload, with the flash-decoding splits fixed for the size.
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.forward_batch import ForwardBatch, HostBatch, upload
-from runtime.step import BatchEntry
+from runtime.step.forward_batch import ForwardBatch, HostBatch, upload
+from runtime.step.contract import BatchEntry
 
 logger = logging.getLogger(__name__)
 

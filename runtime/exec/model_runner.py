@@ -16,10 +16,10 @@ from runtime.exec.context import ForwardContext, forward_context
 from runtime import cpu
 from runtime.cpu import resolve_precision
 from runtime.exec.device import DTYPES, resolve_device, resolve_dtype  # noqa: F401 - re-exported
-from runtime.forward_batch import ForwardBatch, HostBatch
+from runtime.step.forward_batch import ForwardBatch, HostBatch
 from runtime.loading.gguf_groups import read_int4_groups
 from runtime.loading.gguf_int8_groups import read_int8_groups
-from runtime.step import BatchEntry
+from runtime.step.contract import BatchEntry
 from runtime.exec.graph_runner import DecodeGraphRunner
 from runtime.kv import KVManager, KVPool, KVShape, ReqSlotTable, build_kv, context_length, plan_kv_tokens
 from runtime.kv.host_codec import HostCodec

@@ -7,7 +7,7 @@ slot, so sending the same prompt again answers without touching the model. Here 
 sampler records the raw logits row (float32, on the device, before any sampling change) of
 every prompt it finishes, keyed by the prompt's tokens and cache salt; the scheduler admits a
 request whose whole prompt matches the cache and has such a row with no prefill at all, and
-its first token is sampled from the row (runtime/step.py: StepPlan.ready). Logits are a pure
+its first token is sampled from the row (runtime/step/contract.py: StepPlan.ready). Logits are a pure
 function of the tokens (the weights never change under a running engine), so a kept row is
 valid as long as the prompt's KV is cached, which the scheduler checks by matching the whole
 prompt. Memory is bounded: the least recently used rows go first, past `max_bytes`.

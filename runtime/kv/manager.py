@@ -18,7 +18,7 @@ from runtime.kv.pins import PrefixPins
 from runtime.kv.pool import KVPool
 from runtime.kv.slot_table import ReqSlotTable
 from runtime.kv.tiers import KVTiers
-from runtime.request import Req
+from runtime.step.request import Req
 
 
 class KVManager:

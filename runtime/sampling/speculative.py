@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime.request import Req
+from runtime.step.request import Req
 from runtime.sampling.sampler import SampleRow
 
 

@@ -2,7 +2,7 @@
 token of every request that reached its last known token (the third room of plan -> forward ->
 sample -> process).
 
-Nothing is changed here: the result is `StepOutputs` (runtime/step.py), whose chosen ids may
+Nothing is changed here: the result is `StepOutputs` (runtime/step/contract.py), whose chosen ids may
 still be on the device; the output processor applies it. So a raise in here is harmless, and
 the engine loop can retry the step's requests one by one.
 """
@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 import torch
 
-from runtime.forward_batch import HostBatch
+from runtime.step.forward_batch import HostBatch
 from runtime.kv.last_logits import LastLogits
-from runtime.request import Req, ReqState
+from runtime.step.request import Req, ReqState
 from runtime.sampling.sampler import Sampler, SampleRow, device_ids, prompt_logprobs
 from runtime.sampling.speculative import draft_sample_rows
-from runtime.step import StepOutputs, StepPlan
+from runtime.step.contract import StepOutputs, StepPlan
 
 GrammarMask = Callable[[torch.Tensor, list], None]  # (logits rows, matchers) -> masks the rows in place
 

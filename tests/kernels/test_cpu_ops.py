@@ -144,7 +144,7 @@ def test_bad_input_is_a_clear_error() -> None:
 def test_models_match_with_and_without_the_kernels(family: str, dtype: str, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Prefill and decode logits of whole models, fused kernels against the torch ops."""
-    from runtime.forward_batch import BatchEntry, ForwardBatch
+    from runtime.step.forward_batch import BatchEntry, ForwardBatch
     from runtime.exec.model_runner import ModelRunner, RunnerConfig
 
     folder = save_tiny_model(family, tmp_path)

@@ -32,7 +32,7 @@ from runtime.loading.builtin_models import (
     builtin_model,
 )
 from runtime.loading.default_model import builtin_model_dir, ensure_builtin_model, resolve_model_path
-from runtime.forward_batch import BatchEntry, ForwardBatch
+from runtime.step.forward_batch import BatchEntry, ForwardBatch
 from runtime.loading.gguf_convert import dequantized_state_dict, hf_config
 from runtime.exec.model_runner import ModelRunner, RunnerConfig
 

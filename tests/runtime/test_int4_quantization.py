@@ -13,7 +13,7 @@ from runtime import Engine
 from kernels.cpu_ops import ops
 from runtime.cpu.int4_linear import (INT4_GROUP, INT4_MAX_ROWS, ONE_ROW_BLOCK, Int4Linear, dequantize_groups,
                                      pack_blocks, quantize_groups)
-from runtime.forward_batch import BatchEntry, ForwardBatch
+from runtime.step.forward_batch import BatchEntry, ForwardBatch
 from runtime.exec.model_runner import ModelRunner, RunnerConfig
 from tests.runtime.engine_helpers import assert_slots_balanced
 from tests.tiny_models import save_tiny_model

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime import Engine
-from runtime.forward_batch import BatchEntry, ForwardBatch
+from runtime.step.forward_batch import BatchEntry, ForwardBatch
 from runtime.cpu.int8_linear import INT8_MAX_ROWS, Int8Linear, quantize_rows
 from runtime.exec.model_runner import ModelRunner, RunnerConfig
 from tests.runtime.engine_helpers import assert_slots_balanced

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.forward_batch import BatchEntry, ForwardBatch
+from runtime.step.forward_batch import BatchEntry, ForwardBatch
 from runtime.exec.model_runner import ModelRunner, RunnerConfig
 from tests.tiny_models import FAMILIES, save_tiny_model
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.request import ReqState
+from runtime.step.request import ReqState
 from tests.runtime.fake_step import TOKEN, Harness
 
 SYSTEM = list(range(100, 140))  # a 40-token shared prefix
@@ -152,8 +152,8 @@ def test_kv_written_is_tracked_by_the_manager_alone() -> None:
 
 
 def test_a_step_plan_is_in_kernel_order_and_packs_into_the_declared_layout() -> None:
-    from runtime.forward_batch import HostBatch
-    from runtime.step import PACKED_LAYOUT, section_sizes
+    from runtime.step.forward_batch import HostBatch
+    from runtime.step.contract import PACKED_LAYOUT, section_sizes
 
     h = Harness.make(slots=256, chunked_prefill_size=64, max_prefill_tokens=64)
     decoding = h.submit([1, 2, 3], max_new_tokens=8)

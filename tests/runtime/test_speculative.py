@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from runtime import Engine, EngineArgs
-from runtime.request import Req
+from runtime.step.request import Req
 from runtime.sampling.sampler import Sampler, verify_draft
 from runtime.sampling_params import SamplingParams
 from runtime.sampling.speculative import SpeculativeConfig, accepted, draft_sample_rows, propose

@@ -4,7 +4,7 @@ Entries arrive in kernel order (the scheduler emits it): requests with several n
 (prefills, prefill chunks after a cached prefix) first, then requests with one new token
 (decodes). A step is laid out in two halves:
 - `HostBatch.pack` puts every per-token and per-request number into one int64 host tensor, in
-  the sections of runtime/step.py's PACKED_LAYOUT (optionally padded to a CUDA-graph batch size,
+  the sections of runtime/step/contract.py's PACKED_LAYOUT (optionally padded to a CUDA-graph batch size,
   runtime/exec/graph_runner.py);
 - `ForwardBatch.from_device` reads that tensor after its one upload and builds the step's
   AttentionMetadata from it: every layer then reads the same device tensors, and nothing later
@@ -13,7 +13,7 @@ Entries arrive in kernel order (the scheduler emits it): requests with several n
 request's last token, and every prompt position from `logits_from` when prompt logprobs were
 asked for.
 
-A decode entry may name a `future` token (runtime/step.py): `resolve_futures` copies those ids
+A decode entry may name a `future` token (runtime/step/contract.py): `resolve_futures` copies those ids
 into the uploaded input ids on the device, so they never make a host round trip.
 """
 
@@ -25,7 +25,7 @@ import torch
 
 from kernels import AttentionMetadata
 from runtime.kv.slot_table import ReqSlotTable
-from runtime.step import FUTURE, BatchEntry, pack_sections, section_sizes  # noqa: F401 - FUTURE, BatchEntry re-exported
+from runtime.step.contract import FUTURE, BatchEntry, pack_sections, section_sizes  # noqa: F401 - FUTURE, BatchEntry re-exported
 
 
 def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -37,7 +37,7 @@ def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 @dataclass(slots=True)
 class HostBatch:
-    """A step laid out on the host: one packed int64 tensor (runtime/step.py: PACKED_LAYOUT) plus
+    """A step laid out on the host: one packed int64 tensor (runtime/step/contract.py: PACKED_LAYOUT) plus
     the lists host code plans with."""
 
     host: torch.Tensor

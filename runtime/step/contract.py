@@ -1,12 +1,12 @@
 """The step contract: what passes between plan -> forward -> sample -> process.
 
 - The scheduler plans a step as a `StepPlan`: requests and their `BatchEntry`s, in kernel order.
-- The model runner lays the entries out in the packed layout below (runtime/forward_batch.py),
+- The model runner lays the entries out in the packed layout below (runtime/step/forward_batch.py),
   uploads it in one copy and computes logits (eagerly, or by replaying a CUDA graph whose static
   buffer has the same layout: runtime/exec/graph_runner.py).
 - The step sampler (runtime/sampling/step_sampler.py) turns the logits into `StepOutputs`: prompt
   logprobs and chosen tokens, which may still be on the device.
-- The output processor (runtime/output_processor.py) applies them to the requests.
+- The output processor (runtime/step/output_processor.py) applies them to the requests.
 
 A decode entry may name a `future` token instead of a known one: the id the previous step
 sampled on the device, which the host has not read yet (the overlap scheduler plans step n+1
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from runtime.request import Req
+    from runtime.step.request import Req
     from runtime.sampling.sampler import PendingSample
 
 FUTURE = -1  # the placeholder id of a token still on the device (BatchEntry.future says which)

@@ -1,10 +1,10 @@
 """The engine loop: on its own thread, turns scheduler plans into forward steps and results.
 
-One step reads plan -> forward -> sample -> process: the scheduler plans (runtime/scheduler.py),
+One step reads plan -> forward -> sample -> process: the scheduler plans (runtime/step/scheduler.py),
 the runner lays the plan out on the device and computes logits (eagerly, or by replaying a
 CUDA graph for a decode step: runtime/exec/model_runner.py), the step sampler scores prompt logprobs
 and chooses tokens (runtime/sampling/step_sampler.py), and the output processor applies them
-(runtime/output_processor.py). What passes between them is declared in runtime/step.py. The
+(runtime/step/output_processor.py). What passes between them is declared in runtime/step/contract.py. The
 loop itself keeps the thread, the inbox of commands, overlap and fault isolation.
 
 With overlap on (the default on a GPU), "process" for step n runs after step n+1 is launched:
@@ -33,13 +33,13 @@ import torch
 
 from runtime.kv import KVManager
 from runtime.exec.model_runner import ModelRunner
-from runtime.output_processor import OutputProcessor
-from runtime.request import Req, ReqState
+from runtime.step.output_processor import OutputProcessor
+from runtime.step.request import Req, ReqState
 from runtime.sampling.sampler import Sampler, has_penalty
-from runtime.scheduler import Scheduler
-from runtime.step import BatchEntry, StepOutputs, StepPlan
+from runtime.step.scheduler import Scheduler
+from runtime.step.contract import BatchEntry, StepOutputs, StepPlan
 from runtime.sampling.step_sampler import GrammarMask, StepSampler
-from runtime.step_timing import StepTimings
+from runtime.step.timing import StepTimings
 from runtime.text.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class EngineLoop:
         # `_inflight` is the launched step whose tokens the host has not read yet.
         self.overlap = overlap
         self._inflight: LaunchedStep | None = None
-        self.timings: StepTimings | None = None  # Engine.time_steps() sets it (runtime/step_timing.py)
+        self.timings: StepTimings | None = None  # Engine.time_steps() sets it (runtime/step/timing.py)
         self.scheduler = scheduler
         self.kv = kv  # the KV state's one owner (runtime/kv/)
         self._grammar_mask = grammar_mask or (lambda logits, matchers: None)

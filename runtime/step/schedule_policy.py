@@ -20,7 +20,7 @@ import torch
 
 from radix import RadixCache, SlotAllocator, TreeNode
 from radix.base import BasePrefixCache
-from runtime.request import Req
+from runtime.step.request import Req
 
 # A request waits a round when another request of its round will compute at least this many more
 # of its prefix tokens than the cache already holds.
