@@ -112,7 +112,7 @@ def _reply_calls(client, model: str, question: str, constrained: bool) -> list[t
     message = reply.choices[0].message
     if constrained:
         return [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
-    from server.tool_parsers import ToolSpec, parser_class
+    from server.parsers.tools import ToolSpec, parser_class
 
     parser = parser_class(_server_parser(client))([ToolSpec(t["function"]["name"], t["function"]["parameters"])
                                                    for t in TOOLS])

@@ -16,11 +16,14 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime import Engine
-from server import cache_api, native_api, openai_api, responses_api
-from server.errors import APIError, error_response
+from server.cache_view import routes as cache_api
+from server.common.errors import APIError, error_response
+from server.common.state import ServerSettings, ServerState
+from server.openai import routes as openai_api
 from server.openapi import openapi_document
-from server.response_store import ResponseStore
-from server.state import ServerSettings, ServerState
+from server.responses import routes as responses_api
+from server.responses.store import ResponseStore
+from server.sglang import routes as native_api
 
 logger = logging.getLogger("radixserve.server")
 OPEN_PATHS = {"/health"}
@@ -100,14 +103,14 @@ def build_app(engine: Engine, settings: ServerSettings | None = None,
         Route("/health", native_api.health, methods=["GET"]),
         Route("/health_generate", native_api.health_generate, methods=["GET"]),
         Route("/metrics", _metrics, methods=["GET"]),
-        Route("/cache", cache_api.cache_tree, methods=["GET"]),  # the live view (server/cache_api.py)
+        Route("/cache", cache_api.cache_tree, methods=["GET"]),  # the live view (server/cache_view/routes.py)
         Route("/cache/view", cache_api.cache_view, methods=["GET"]),
         Route("/openapi.json", _openapi, methods=["GET"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         APIError: _api_error, HTTPException: _http_error, Exception: _internal_error})
     app.state.radix = state
-    # Stored Responses API answers; dropping one releases its pinned tokens (server/response_store.py).
+    # Stored Responses API answers; dropping one releases its pinned tokens (server/responses/store.py).
     app.state.responses = ResponseStore(settings.responses_store_size, settings.responses_ttl, engine.unpin_prefix)
     app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
     return app

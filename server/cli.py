@@ -10,7 +10,7 @@ import types
 import typing
 
 from runtime.engine_args import EngineArgs
-from server.state import DEFAULT_MAX_BODY_BYTES, ServerSettings
+from server.common.state import DEFAULT_MAX_BODY_BYTES, ServerSettings
 
 # Flags named as SGLang and vLLM users expect, where our field name differs.
 RENAMED = {"enable_prefix_cache": "--disable-radix-cache"}
@@ -71,8 +71,8 @@ def parse(argv: list[str] | None = None) -> tuple[EngineArgs, ServerSettings]:
 
 def check_parser_flags(settings: ServerSettings) -> None:
     """An unknown --tool-call-parser / --reasoning-parser stops startup before the model loads."""
-    from server.reasoning_parser import reasoning_class
-    from server.tool_parsers import parser_class
+    from server.parsers.reasoning import reasoning_class
+    from server.parsers.tools import parser_class
 
     if settings.tool_call_parser not in ("auto", "none"):
         parser_class(settings.tool_call_parser)

@@ -7,32 +7,35 @@ import re
 
 import msgspec
 
-from server import protocol as p
-from server import responses_protocol as rp
-from server import responses_schema as rs
+from server.common.errors import ErrorResponse
+from server.openai import protocol as p
+from server.pipeline.request import ChatCompletionRequest
+from server.responses import protocol as rp
+from server.responses import schema as rs
+from server.sglang import protocol as sg
 
 # (method, path, request body type or None, response type, summary)
 ROUTES: list[tuple[str, str, type | None, type | None, str]] = [
     ("post", "/v1/completions", p.CompletionRequest, p.CompletionResponse, "Create a completion"),
-    ("post", "/v1/chat/completions", p.ChatCompletionRequest, p.ChatCompletionResponse, "Create a chat completion"),
+    ("post", "/v1/chat/completions", ChatCompletionRequest, p.ChatCompletionResponse, "Create a chat completion"),
     ("get", "/v1/models", None, p.ModelList, "List served models"),
     ("post", "/v1/responses", rp.ResponsesRequest, rs.ResponseObject, "Create a response (OpenAI Responses API)"),
     ("get", "/v1/responses/{response_id}", None, rs.ResponseObject, "A stored response"),
     ("delete", "/v1/responses/{response_id}", None, rs.ResponseDeleted, "Delete a stored response"),
-    ("post", "/generate", p.GenerateRequest, p.GenerateResponse, "Generate (SGLang native)"),
-    ("post", "/abort_request", p.AbortRequest, None, "Abort a request by id"),
+    ("post", "/generate", sg.GenerateRequest, sg.GenerateResponse, "Generate (SGLang native)"),
+    ("post", "/abort_request", sg.AbortRequest, None, "Abort a request by id"),
     ("post", "/flush_cache", None, None, "Drop the prefix cache"),
     ("get", "/get_model_info", None, None, "Model facts"),
     ("post", "/tokenize", None, None, "Token ids of a text"),
     ("get", "/get_server_info", None, None, "Server arguments and engine stats"),
-    ("get", "/health", None, p.HealthStatus, "Liveness"),
+    ("get", "/health", None, sg.HealthStatus, "Liveness"),
     ("get", "/metrics", None, None, "Prometheus metrics"),
     ("get", "/cache", None, None, "One page of the prefix cache's radix tree (?offset=&limit=)"),
 ]
 
 
 def openapi_document() -> dict[str, object]:
-    types = [t for _, _, req, resp, _ in ROUTES for t in (req, resp) if t is not None] + [p.ErrorResponse]
+    types = [t for _, _, req, resp, _ in ROUTES for t in (req, resp) if t is not None] + [ErrorResponse]
     _, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
     paths: dict[str, dict[str, object]] = {}
     error = {"description": "Error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}

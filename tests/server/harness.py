@@ -19,7 +19,7 @@ from runtime import Engine
 from server import processes
 from server.processes import free_port
 from server.app import build_app
-from server.state import ServerSettings
+from server.common.state import ServerSettings
 
 
 def wait_healthy(url: str, timeout: float = 30.0) -> None:

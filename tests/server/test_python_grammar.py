@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.tool_parsers import PARSERS, ToolSpec, structural_tag
-from server.tool_parsers.python_grammar import arguments_grammar, python_literal
+from server.parsers.tools import PARSERS, ToolSpec, structural_tag
+from server.parsers.tools.python_grammar import arguments_grammar, python_literal
 from tests.tiny_tokenizer import VOCAB_SIZE, save_tiny_tokenizer
 
 WEATHER = {"type": "object", "properties": {

@@ -10,16 +10,16 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.tool_parsers import PARSERS, ArgumentsDelta, CallStart, ContentDelta, StreamingToolParser, ToolSpec, \
+from server.parsers.tools import PARSERS, ArgumentsDelta, CallStart, ContentDelta, StreamingToolParser, ToolSpec, \
     parser_class, structural_tag
-from server.tool_parsers.qwen25_coder import Qwen25CoderParser
+from server.parsers.tools.qwen25_coder import Qwen25CoderParser
 
 TOOLS = [ToolSpec("multiply", {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
                                "required": ["a", "b"]}),
          ToolSpec("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})]
 
 # Outputs of the built-in Qwen2.5-Coder-0.5B-Instruct, greedy, as they came (see the module docstring
-# of server/tool_parsers/qwen25_coder.py), and the hermes form its template teaches.
+# of server/parsers/tools/qwen25_coder.py), and the hermes form its template teaches.
 SEEN = {
     '{"name": "multiply", "arguments": {"a": 37, "b": 41}}': ("", [("multiply", '{"a": 37, "b": 41}')]),
     '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```':

@@ -170,7 +170,7 @@ def test_answers_fit_the_schemas_openapi_lists(server: RunningServer) -> None:
     """/openapi.json documents POST and GET/DELETE /v1/responses with these Structs: real answers decode."""
     import msgspec
 
-    from server.responses_schema import ResponseDeleted, ResponseObject
+    from server.responses.schema import ResponseDeleted, ResponseObject
 
     spec = httpx.get(server.url + "/openapi.json").json()
     assert spec["paths"]["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]["schema"] == {

@@ -147,8 +147,8 @@ def _sglang_fields(relative: str, class_name: str) -> set[str]:
 
 def test_every_field_sglang_defines_has_a_place() -> None:
     from runtime import SamplingParams
-    from server import sglang_compat as compat
-    from server.protocol import GenerateRequest
+    from server.sglang import compat
+    from server.sglang.protocol import GenerateRequest
 
     ours = set(SamplingParams.__dataclass_fields__)
     sampling = _sglang_fields("srt/sampling/sampling_params.py", "SamplingParams")

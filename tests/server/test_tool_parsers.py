@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.reasoning_parser import DeepSeekR1Parser, ReasoningParser, StreamingReasoning
-from server.tool_parsers import (PARSERS, ArgumentsDelta, CallStart, ContentDelta, StreamingToolParser, ToolParser,
+from server.parsers.reasoning import DeepSeekR1Parser, ReasoningParser, StreamingReasoning
+from server.parsers.tools import (PARSERS, ArgumentsDelta, CallStart, ContentDelta, StreamingToolParser, ToolParser,
                                  ToolSpec, detect, structural_tag)
-from server.tool_parsers.forced import NamedParser, RequiredParser
+from server.parsers.tools.forced import NamedParser, RequiredParser
 from tests.tiny_tokenizer import VOCAB_SIZE, save_tiny_tokenizer
 
 TOOLS = [ToolSpec("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}}),
@@ -248,8 +248,8 @@ def test_parser_flags_take_vllm_and_sglang_names_and_refuse_unknown_ones() -> No
 def test_strict_functions_close_their_objects() -> None:
     import msgspec
 
-    from server.protocol import ChatCompletionRequest
-    from server.structured import tool_specs
+    from server.pipeline.request import ChatCompletionRequest
+    from server.pipeline.structured import tool_specs
 
     schema = {"type": "object", "properties": {"where": {"type": "object", "properties": {"city": {"type": "string"}}}}}
     body = msgspec.convert({"messages": [], "tools": [
