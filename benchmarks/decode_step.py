@@ -15,9 +15,9 @@ import time
 
 import torch
 
+from runtime.exec.model_runner import DTYPES, ModelRunner, RunnerConfig
 from runtime.loading.default_model import resolve_model_path
 from runtime.step.forward_batch import BatchEntry, ForwardBatch
-from runtime.exec.model_runner import DTYPES, ModelRunner, RunnerConfig
 
 
 def _time(fn, repeats: int) -> float:  # noqa: ANN001

@@ -18,10 +18,9 @@ import torch
 if __package__ in (None, ""):  # run as `python benchmarks/x.py`: import `benchmarks` as -m would
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime.exec.device import DTYPES
-
 from benchmarks.systems import RadixSystem, Result, System, TransformersSystem
 from benchmarks.workloads import SCALES, WORKLOADS, Workload, make_workload
+from runtime.exec.device import DTYPES
 
 
 @dataclass

@@ -27,7 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 if __package__ in (None, ""):  # run as `python benchmarks/x.py`: import `benchmarks` as -m would
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

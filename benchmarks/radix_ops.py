@@ -9,7 +9,6 @@ import argparse
 import random
 import time
 
-
 from radix import RadixCache, SlotAllocator
 
 

@@ -16,13 +16,30 @@ section lists what ports and what does not.
 from frontend_lang.backends import Backend, BackendError, EngineBackend, OpenAI, RuntimeEndpoint
 from frontend_lang.backends.local_runtime import Runtime
 from frontend_lang.global_config import global_config
-from frontend_lang.ir import (assistant, assistant_begin, assistant_end, gen, gen_int, gen_string,
-                              greedy_token_selection, image, select, separate_reasoning, system, system_begin,
-                              system_end, token_length_normalized, unconditional_likelihood_normalized, user, user_begin,
-                              user_end, video)
+from frontend_lang.ir import (
+                              assistant,
+                              assistant_begin,
+                              assistant_end,
+                              gen,
+                              gen_int,
+                              gen_string,
+                              greedy_token_selection,
+                              image,
+                              select,
+                              separate_reasoning,
+                              system,
+                              system_begin,
+                              system_end,
+                              token_length_normalized,
+                              unconditional_likelihood_normalized,
+                              user,
+                              user_begin,
+                              user_end,
+                              video,
+)
+
 # SGLang spells the decorator `function` (bare or called); `program` is ours.
-from frontend_lang.program import (Program, flush_cache, function, get_server_info, program,
-                                   set_default_backend)
+from frontend_lang.program import Program, flush_cache, function, get_server_info, program, set_default_backend
 from frontend_lang.state import ForkGroup, ProgramState
 from frontend_lang.typed_gen import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 

@@ -21,18 +21,18 @@ import torch
 
 from radix.tree_view import DEFAULT_LIMIT, cache_snapshot, check_page
 from runtime.cpu import serial_on_this_thread
-from runtime.loading.default_model import resolve_model_path
-from runtime.text.detokenizer import IncrementalDetokenizer
 from runtime.engine_args import EngineArgs
 from runtime.engine_info import EngineInfo
-from runtime.step.loop import EngineLoop
 from runtime.exec.model_runner import ModelRunner, RunnerConfig, load_config
+from runtime.loading.default_model import resolve_model_path
 from runtime.output import Output
-from runtime.step.request import Req
 from runtime.sampling_params import SamplingParams
+from runtime.step.loop import EngineLoop
+from runtime.step.request import Req
 from runtime.step.schedule_policy import SchedulePolicy
 from runtime.step.scheduler import Scheduler
 from runtime.step.timing import StepTimings
+from runtime.text.detokenizer import IncrementalDetokenizer
 from runtime.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:

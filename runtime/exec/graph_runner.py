@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.step.forward_batch import ForwardBatch, HostBatch, upload
 from runtime.step.contract import BatchEntry
+from runtime.step.forward_batch import ForwardBatch, HostBatch, upload
 
 logger = logging.getLogger(__name__)
 

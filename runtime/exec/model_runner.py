@@ -12,21 +12,21 @@ from torch import nn
 
 from kernels import get_attention_backend
 from kernels.cpu_ops import ops as cpu_ops
-from runtime.exec.context import ForwardContext, forward_context
 from runtime import cpu
 from runtime.cpu import resolve_precision
+from runtime.exec.context import ForwardContext, forward_context
 from runtime.exec.device import DTYPES, resolve_device, resolve_dtype  # noqa: F401 - re-exported
-from runtime.step.forward_batch import ForwardBatch, HostBatch
-from runtime.loading.gguf_groups import read_int4_groups
-from runtime.loading.gguf_int8_groups import read_int8_groups
-from runtime.step.contract import BatchEntry
 from runtime.exec.graph_runner import DecodeGraphRunner
 from runtime.kv import KVManager, KVPool, KVShape, ReqSlotTable, build_kv, context_length, plan_kv_tokens
 from runtime.kv.host_codec import HostCodec
 from runtime.kv.tiers import TierConfig, kv_digest
 from runtime.layers.output_layer import OutputLayer
+from runtime.loading.gguf_groups import read_int4_groups
+from runtime.loading.gguf_int8_groups import read_int8_groups
 from runtime.models import model_class
 from runtime.models.weights import dummy_init, iterate_weights
+from runtime.step.contract import BatchEntry
+from runtime.step.forward_batch import ForwardBatch, HostBatch
 
 logger = logging.getLogger(__name__)
 GiB = 2**30

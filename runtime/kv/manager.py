@@ -9,7 +9,6 @@ methods are the only code that moves slots between those places or writes a requ
 
 from __future__ import annotations
 
-
 import torch
 
 from radix import BasePrefixCache, SlotAllocator

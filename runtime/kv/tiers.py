@@ -47,7 +47,15 @@ import torch
 from radix.tiers import StoredKey
 from runtime.kv.disk_workers import DiskWorkers
 from runtime.kv.host_codec import HostCodec, HostCopy
-from runtime.kv.kv_files import DiskRun, kv_digest, read_kv_file, read_kv_key, read_retained, write_kv_file, write_retained
+from runtime.kv.kv_files import (
+    DiskRun,
+    kv_digest,
+    read_kv_file,
+    read_kv_key,
+    read_retained,
+    write_kv_file,
+    write_retained,
+)
 from runtime.kv.pool import KVPool
 from runtime.kv.tier_config import TierConfig, TierStats
 from runtime.kv.tier_copy import copy_engine

@@ -10,8 +10,8 @@ from torch import nn
 
 from runtime.layers.activation import gated_activation
 from runtime.layers.attention import PagedAttention
-from runtime.layers.norm import RMSNorm
 from runtime.layers.fused import add_rms_norm, qk_norm_rope, through_layers
+from runtime.layers.norm import RMSNorm
 from runtime.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
 from runtime.models.weights import fused_linear, load_into
 

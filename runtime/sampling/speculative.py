@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime.step.request import Req
 from runtime.sampling.sampler import SampleRow
+from runtime.step.request import Req
 
 
 @dataclass(frozen=True)

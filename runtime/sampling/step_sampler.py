@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 import torch
 
-from runtime.step.forward_batch import HostBatch
 from runtime.kv.last_logits import LastLogits
-from runtime.step.request import Req, ReqState
 from runtime.sampling.sampler import Sampler, SampleRow, device_ids, prompt_logprobs
 from runtime.sampling.speculative import draft_sample_rows
 from runtime.step.contract import StepOutputs, StepPlan
+from runtime.step.forward_batch import HostBatch
+from runtime.step.request import Req, ReqState
 
 GrammarMask = Callable[[torch.Tensor, list], None]  # (logits rows, matchers) -> masks the rows in place
 

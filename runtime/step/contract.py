@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from runtime.step.request import Req
     from runtime.sampling.sampler import PendingSample
+    from runtime.step.request import Req
 
 FUTURE = -1  # the placeholder id of a token still on the device (BatchEntry.future says which)
 

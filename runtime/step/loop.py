@@ -31,14 +31,14 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.kv import KVManager
 from runtime.exec.model_runner import ModelRunner
+from runtime.kv import KVManager
+from runtime.sampling.sampler import Sampler, has_penalty
+from runtime.sampling.step_sampler import GrammarMask, StepSampler
+from runtime.step.contract import BatchEntry, StepOutputs, StepPlan
 from runtime.step.output_processor import OutputProcessor
 from runtime.step.request import Req, ReqState
-from runtime.sampling.sampler import Sampler, has_penalty
 from runtime.step.scheduler import Scheduler
-from runtime.step.contract import BatchEntry, StepOutputs, StepPlan
-from runtime.sampling.step_sampler import GrammarMask, StepSampler
 from runtime.step.timing import StepTimings
 from runtime.text.tokenizer import Tokenizer
 

@@ -11,11 +11,11 @@ from collections.abc import Callable
 
 from runtime.kv import KVManager
 from runtime.output import Logprobs, Output
-from runtime.step.request import Req, ReqState
 from runtime.sampling.sampler import SampleResult
-from runtime.step.scheduler import Scheduler
 from runtime.sampling.speculative import accepted
 from runtime.step.contract import StepOutputs, StepPlan
+from runtime.step.request import Req, ReqState
+from runtime.step.scheduler import Scheduler
 
 
 class OutputProcessor:

@@ -6,9 +6,9 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from runtime.text.detokenizer import IncrementalDetokenizer
 from runtime.output import Logprobs, Output
 from runtime.sampling_params import SamplingParams
+from runtime.text.detokenizer import IncrementalDetokenizer
 
 
 class ReqState(enum.Enum):

@@ -21,10 +21,10 @@ from radix import MatchResult
 from runtime.engine_args import EngineArgs
 from runtime.kv import KVManager
 from runtime.output import Logprobs
-from runtime.step.request import Req, ReqState
-from runtime.step.schedule_policy import SchedulePolicy
 from runtime.sampling.speculative import SpeculativeConfig, may_speculate, propose
 from runtime.step.contract import StepPlan
+from runtime.step.request import Req, ReqState
+from runtime.step.schedule_policy import SchedulePolicy
 
 # Room held back for running requests' future tokens: this share of (at most DECODE_RESERVE_CAP)
 # tokens each still may generate. Retraction covers the cases where the estimate is short.

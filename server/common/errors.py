@@ -8,7 +8,6 @@ import msgspec
 from starlette.responses import Response
 
 
-
 class ErrorBody(msgspec.Struct):
     message: str
     type: str

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-
 import msgspec
 
 from server.pipeline.request import AssistantMessage, DeltaMessage, SamplingFields

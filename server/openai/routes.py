@@ -12,15 +12,39 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from runtime import Output
-from server.pipeline.engine_client import PrimedStream, collect, run_request
 from server.common.errors import APIError, bad_request, error_json
-from server.openai.protocol import ChatChoice, ChatCompletionChunk, ChatCompletionResponse, ChatDeltaChoice, ChoiceLogprobs, CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, ModelCard, ModelList, PromptTokensDetails, TokenLogprobEntry, TopLogprob, Usage
-from server.pipeline.request import ChatCompletionRequest, DeltaMessage
-from server.pipeline.retention import chat_request_retains, retain, retaining
 from server.common.state import ServerState, decode_body
-from server.pipeline.chat import (KNOWN_ROLES, ChatPlan, ChoiceStream, chat_messages, check_context,  # noqa: F401
-                                  final_message, plan_chat, sampling_params)
+from server.openai.protocol import (
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatDeltaChoice,
+    ChoiceLogprobs,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    PromptTokensDetails,
+    TokenLogprobEntry,
+    TopLogprob,
+    Usage,
+)
+from server.pipeline.chat import (
+    ChatPlan,
+    ChoiceStream,
+    check_context,
+    final_message,
+    plan_chat,
+    run_chat,
+    sampling_params,
+    stream_chat,
+)
+from server.pipeline.engine_client import PrimedStream, collect, run_request
+from server.pipeline.request import ChatCompletionRequest, DeltaMessage
 from server.pipeline.structured import constraint_for
+
 MAX_COMPLETION_LOGPROBS = 5
 
 
@@ -199,18 +223,12 @@ async def chat_completions(request: Request) -> Response:
     if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
         raise APIError(400, "top_logprobs must be in [0, 20]", "top_logprobs")
     plan = plan_chat(state, body, top_logprobs=(body.top_logprobs or 0) if body.logprobs else None)
-    keep = chat_request_retains(state, body, plan.ids)  # cache_control marks (server/pipeline/retention.py)
-    engine = state.engine
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     state.log_request(rid, body.messages)
     if body.stream:
-        stream = PrimedStream(retaining(run_request(engine, state.metrics, plan.ids, plan.params, rid=body.rid,
-                                                    cache_salt=body.cache_salt, stream=True), engine, keep,
-                                        body.cache_salt))
-        await stream.prime()
+        stream = await stream_chat(state, plan)
         return StreamingResponse(sse(_chat_events(state, rid, body, stream, plan)), media_type="text/event-stream")
-    outs = await collect(engine, state.metrics, plan.ids, plan.params, rid=body.rid, cache_salt=body.cache_salt)
-    retain(engine, keep, body.cache_salt)
+    outs = await run_chat(state, plan)
     choices = []
     for o in outs:
         message, reason = final_message(plan, o)

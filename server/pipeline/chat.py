@@ -1,31 +1,56 @@
-"""The chat pipeline, shared by /v1/chat/completions and /v1/responses:
+"""The chat pipeline every protocol room shares. A room decodes its body into a chat request
+(server/pipeline/request.py), then the request reads decode -> plan -> run -> render once:
 
-- `plan_chat(state, body)`: a parsed chat request -> the prompt's token ids, the sampling
-  parameters (with the output constraint: response_format, a forced tool call, or the structural
-  tag that keeps calls valid under tool_choice auto) and the parsers its output needs;
+- `plan_chat(state, body)`: the messages through the chat template (server/pipeline/messages.py)
+  -> the prompt's token ids; the sampling parameters with the output constraint
+  (response_format, a forced tool call, or the structural tag that keeps calls valid under
+  tool_choice auto); the parsers its output needs; and the prefixes it asks to retain;
+- `run_chat(state, plan)` / `stream_chat(state, plan)`: the engine runs it (the finished outputs,
+  or a stream whose submission errors have already raised), and marked prefixes are retained
+  once it finished;
 - `final_message(plan, out)`: a finished output -> the assistant message (content,
-  reasoning_content, tool_calls) and its finish_reason;
-- `ChoiceStream(plan)`: the same, streamed: each output's new text -> the deltas to send.
+  reasoning_content, tool_calls) and its finish_reason; `ChoiceStream(plan)`: the same,
+  streamed: each output's new text -> the deltas to send. The room renders these in its own
+  wire format.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 
 from runtime import Output, SamplingParams
 from server.common.errors import APIError, bad_request
-from server.pipeline.request import AssistantMessage, ChatCompletionRequest, DeltaFunction, DeltaMessage, DeltaToolCall, SamplingFields, ToolCall, ToolCallFunction
+from server.common.state import ServerState
 from server.parsers.reasoning import START as THINK_START
 from server.parsers.reasoning import ReasoningParser, StreamingReasoning, reasoning_class
-from server.common.state import ServerState
-from server.pipeline.structured import Constraint, chat_tools, constraint_for, tool_specs
-from server.parsers.tools import (ArgumentsDelta, CallStart, ContentDelta, Event, StreamingToolParser, ToolParser,
-                                 new_call_id, parser_class, structural_tag)
+from server.parsers.tools import (
+    ArgumentsDelta,
+    CallStart,
+    ContentDelta,
+    Event,
+    StreamingToolParser,
+    ToolParser,
+    new_call_id,
+    parser_class,
+    structural_tag,
+)
 from server.parsers.tools.forced import NamedParser, RequiredParser
-
-KNOWN_ROLES = {"system", "developer", "user", "assistant", "tool"}
+from server.pipeline.engine_client import PrimedStream, collect, run_request
+from server.pipeline.messages import render_prompt
+from server.pipeline.request import (
+    AssistantMessage,
+    ChatCompletionRequest,
+    DeltaFunction,
+    DeltaMessage,
+    DeltaToolCall,
+    SamplingFields,
+    ToolCall,
+    ToolCallFunction,
+)
+from server.pipeline.retention import Retain, chat_request_retains, retain, retaining
+from server.pipeline.structured import Constraint, constraint_for, tool_specs
 
 
 @dataclass
@@ -37,6 +62,9 @@ class ChatPlan:
     tool_parser: ToolParser | None = None  # reads calls out of the text (None: the text is all content)
     tool_prefix: str = ""  # call markup the prompt itself opened (parsed with the output, never content)
     reasoning: ReasoningParser | None = None
+    retains: list[Retain] = field(default_factory=list)  # cache_control marks (server/pipeline/retention.py)
+    cache_salt: str | None = None
+    rid: str | None = None  # SGLang's `rid`: the engine's request id, so /abort_request can stop it
 
 
 def sampling_params(req: SamplingFields, default_max: int, extra_stop: Sequence[str] = (),
@@ -84,68 +112,6 @@ def check_context(state: ServerState, prompt_len: int, body: SamplingFields) -> 
                             f"{state.engine.context_len} and the prompt has {prompt_len} tokens", "max_tokens")
 
 
-# -- messages -------------------------------------------------------------------------------------
-
-
-def chat_messages(body: ChatCompletionRequest, template_renders_calls: bool = False) -> list[dict[str, object]]:
-    """The request's messages as chat templates take them (a 400 naming the message that is wrong).
-    `template_renders_calls`: the chat template writes an assistant turn's tool_calls itself."""
-    if not body.messages:
-        raise APIError(400, "messages must not be empty", "messages")
-    messages = []
-    call_ids: set[str] = set()
-    for i, message in enumerate(body.messages):
-        if message.role not in KNOWN_ROLES:
-            raise APIError(400, f"messages[{i}].role: unknown role {message.role!r}; use one of "
-                                f"{sorted(KNOWN_ROLES)}", f"messages[{i}].role")
-        content = message.content
-        if message.tool_calls and message.role != "assistant":
-            raise APIError(400, f"messages[{i}].tool_calls: only assistant messages call tools",
-                           f"messages[{i}].tool_calls")
-        if isinstance(content, list):
-            parts = []
-            for part in content:
-                if part.type != "text" or part.text is None:
-                    raise APIError(400, f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
-                parts.append(part.text)
-            content = "".join(parts)
-        entry: dict[str, object] = {"role": "system" if message.role == "developer" else message.role}
-        if message.tool_calls:
-            calls = [{"type": "function", "id": c.id,
-                      "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
-                     for c in message.tool_calls]
-            call_ids.update(c.id for c in message.tool_calls)
-            entry["tool_calls"] = calls
-            # Templates that do not render tool calls still show the model what was called; one that
-            # does must not see the calls twice (a small model then imitates the doubled turn:
-            # Qwen2.5-Coder-0.5B answered a tool result with the same call again, as a JSON list).
-            if content is None:
-                content = "" if template_renders_calls else json.dumps([c["function"] for c in calls])
-        if message.role == "tool" and message.tool_call_id is not None and message.tool_call_id not in call_ids:
-            raise APIError(400, f"messages[{i}].tool_call_id: {message.tool_call_id!r} answers no earlier "
-                                "assistant tool call", f"messages[{i}].tool_call_id")
-        if message.tool_call_id is not None:
-            entry["tool_call_id"] = message.tool_call_id
-        if message.name is not None and message.role == "tool":
-            entry["name"] = message.name
-        if message.reasoning_content is not None and message.role == "assistant":
-            entry["reasoning_content"] = message.reasoning_content
-        if content is None:
-            raise APIError(400, f"messages[{i}].content is required", f"messages[{i}].content")
-        entry["content"] = content
-        messages.append(entry)
-    return messages
-
-
-def _arguments(text: str) -> object:
-    """A call's arguments as templates take them: the JSON value, or the text itself when it is
-    not JSON (a call cut by max_tokens that a client sends back; OpenAI takes it too)."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
 # -- the plan -------------------------------------------------------------------------------------
 
 
@@ -154,14 +120,11 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest, top_logprobs: int
     tokenizer = engine.tokenizer
     constraint = constraint_for(body)
     try:
-        renders_calls = "tool_calls" in (tokenizer.chat_template or "")
-        prompt = tokenizer.apply_chat_template(chat_messages(body, renders_calls), body.add_generation_prompt,
-                                               chat_tools(body),
-                                               body.chat_template_kwargs)
+        prompt = render_prompt(tokenizer, body, body.add_generation_prompt)
         ids = tokenizer.encode_rendered(prompt)
     except ValueError as exc:
         raise bad_request(exc) from exc
-    plan = ChatPlan(ids, SamplingParams(), constraint, prompt)
+    plan = ChatPlan(ids, SamplingParams(), constraint, prompt, cache_salt=body.cache_salt, rid=body.rid)
     overrides: dict[str, object] = {}
     specs = tool_specs(body)
     if constraint.tool == "auto":
@@ -189,7 +152,29 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest, top_logprobs: int
                                   extra_stop=tokenizer.chat_stop_strings, top_logprobs=top_logprobs,
                                   constraint=constraint, overrides=overrides)
     check_context(state, len(ids), body)
+    plan.retains = chat_request_retains(state, body, ids)
     return plan
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+
+async def run_chat(state: ServerState, plan: ChatPlan) -> list[Output]:
+    """Run a planned request to completion (its n outputs, by sample index), then retain what it asked."""
+    outs = await collect(state.engine, state.metrics, plan.ids, plan.params, rid=plan.rid, cache_salt=plan.cache_salt)
+    retain(state.engine, plan.retains, plan.cache_salt)
+    return outs
+
+
+async def stream_chat(state: ServerState, plan: ChatPlan) -> AsyncIterator[Output]:
+    """Submit a planned request and stream its outputs. It is submitted before this returns, so bad
+    input is a plain 400, not an error inside an event stream; marked prefixes are retained once
+    it finished."""
+    outputs = run_request(state.engine, state.metrics, plan.ids, plan.params, rid=plan.rid,
+                          cache_salt=plan.cache_salt, stream=True)
+    stream = PrimedStream(retaining(outputs, state.engine, plan.retains, plan.cache_salt))
+    await stream.prime()
+    return stream
 
 
 def _auto_parser(state: ServerState, body: ChatCompletionRequest, specs: list) -> ToolParser:

@@ -22,11 +22,10 @@ import msgspec
 import numpy as np
 
 from runtime import Engine, Output
-from server.pipeline.chat import chat_messages
 from server.common.errors import APIError
-from server.pipeline.request import ChatCompletionRequest
 from server.common.state import ServerState
-from server.pipeline.structured import chat_tools
+from server.pipeline.messages import render_prompt
+from server.pipeline.request import ChatCompletionRequest
 
 MAX_RETENTION_S = 24 * 3600.0
 CACHE_TTLS = {"5m": 300.0, "1h": 3600.0}  # Anthropic's two TTLs; "5m" when none is given
@@ -115,13 +114,10 @@ def chat_request_retains(state: ServerState, body: ChatCompletionRequest, prompt
     if not chat_breakpoints(body.messages):
         return []
     tokenizer = state.engine.tokenizer
-    renders_calls = "tool_calls" in (tokenizer.chat_template or "")
 
     def render(messages: list[object]) -> list[int]:
         head = msgspec.structs.replace(body, messages=messages)
-        text = tokenizer.apply_chat_template(chat_messages(head, renders_calls), False, chat_tools(head),
-                                             body.chat_template_kwargs)
-        return tokenizer.encode_rendered(text)
+        return tokenizer.encode_rendered(render_prompt(tokenizer, head, False))
 
     return chat_retains(body, prompt_ids, render)
 

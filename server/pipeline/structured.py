@@ -22,8 +22,8 @@ import uuid
 from dataclasses import dataclass
 
 from server.common.errors import APIError
-from server.pipeline.request import ChatCompletionRequest, SamplingFields, Tool, ToolCall, ToolCallFunction
 from server.parsers.tools import ToolSpec
+from server.pipeline.request import ChatCompletionRequest, SamplingFields, Tool, ToolCall, ToolCallFunction
 
 
 @dataclass

@@ -28,14 +28,27 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from runtime import Output
-from server.pipeline.chat import ChatPlan, ChoiceStream, chat_messages, final_message, plan_chat
-from server.pipeline.engine_client import PrimedStream, collect, run_request
 from server.common.errors import APIError, error_json
-from server.pipeline.request import AssistantMessage, ChatCompletionRequest, ChatMessage, DeltaMessage, FunctionDef, JsonSchemaFormat, NamedFunction, NamedToolChoice, ResponseFormat, Tool, ToolCall, ToolCallFunction
-from server.responses.store import ResponseStore, StoredResponse
-from server.responses.protocol import ContentPart, InputItem, ResponsesRequest
 from server.common.state import ServerState, decode_body
+from server.pipeline.chat import ChatPlan, ChoiceStream, final_message, plan_chat, run_chat, stream_chat
+from server.pipeline.messages import chat_messages
+from server.pipeline.request import (
+    AssistantMessage,
+    ChatCompletionRequest,
+    ChatMessage,
+    DeltaMessage,
+    FunctionDef,
+    JsonSchemaFormat,
+    NamedFunction,
+    NamedToolChoice,
+    ResponseFormat,
+    Tool,
+    ToolCall,
+    ToolCallFunction,
+)
 from server.pipeline.structured import chat_tools
+from server.responses.protocol import ContentPart, InputItem, ResponsesRequest
+from server.responses.store import ResponseStore, StoredResponse
 
 MESSAGE_ROLES = {"user", "system", "developer", "assistant"}
 # Stands for the stored turn's output while the template renders what follows it.
@@ -391,12 +404,10 @@ async def create_response(request: Request) -> Response:
     created = int(time.time())
     state.log_request(rid, body.input)
     if body.stream:
-        stream = PrimedStream(run_request(state.engine, state.metrics, plan.ids, plan.params,
-                                          cache_salt=body.cache_salt, stream=True))
-        await stream.prime()
+        stream = await stream_chat(state, plan)
         events = _events(state, store, rid, created, body, plan, history + new, stream)
         return StreamingResponse(_sse(events), media_type="text/event-stream")
-    (out,) = await collect(state.engine, state.metrics, plan.ids, plan.params, cache_salt=body.cache_salt)
+    (out,) = await run_chat(state, plan)
     message, _ = final_message(plan, out)
     obj = response_object(state, rid, created, body, output_items(message), out)
     _remember(state, store, body, obj, plan, history + new, message, out)

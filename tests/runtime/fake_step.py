@@ -11,11 +11,11 @@ import torch
 
 from runtime.engine_args import EngineArgs
 from runtime.kv import KVManager, KVShape, build_kv
-from runtime.step.request import Req, ReqState
 from runtime.sampling_params import SamplingParams
+from runtime.step.contract import StepPlan
+from runtime.step.request import Req, ReqState
 from runtime.step.schedule_policy import SchedulePolicy
 from runtime.step.scheduler import Scheduler
-from runtime.step.contract import StepPlan
 
 TOKEN = 7  # what the fake model always samples
 

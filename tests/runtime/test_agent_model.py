@@ -22,6 +22,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import quantize
 from safetensors.torch import save_file
 
+from runtime.exec.model_runner import ModelRunner, RunnerConfig
 from runtime.loading.builtin_models import (
     BUILTIN_MODELS,
     QWEN2_5_CODER_0_5B_INSTRUCT,
@@ -32,9 +33,8 @@ from runtime.loading.builtin_models import (
     builtin_model,
 )
 from runtime.loading.default_model import builtin_model_dir, ensure_builtin_model, resolve_model_path
-from runtime.step.forward_batch import BatchEntry, ForwardBatch
 from runtime.loading.gguf_convert import dequantized_state_dict, hf_config
-from runtime.exec.model_runner import ModelRunner, RunnerConfig
+from runtime.step.forward_batch import BatchEntry, ForwardBatch
 
 AGENT = QWEN2_5_CODER_0_5B_INSTRUCT
 

@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime import Engine
-from runtime.exec import model_runner as model_runner_module
 from runtime.cpu.dual_linear import DualLinear
 from runtime.cpu.precision import MatmulRates, Precision, choose, measure_rates, resolve_precision
-from runtime.step.forward_batch import BatchEntry, ForwardBatch
+from runtime.exec import model_runner as model_runner_module
 from runtime.exec.model_runner import ModelRunner, RunnerConfig
+from runtime.step.forward_batch import BatchEntry, ForwardBatch
 from tests.runtime.engine_helpers import assert_slots_balanced
 from tests.tiny_models import save_tiny_model
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from runtime.exec.model_runner import ModelRunner, RunnerConfig
 from runtime.loading.default_model import ensure_default_model
 from runtime.step.forward_batch import BatchEntry, ForwardBatch
-from runtime.exec.model_runner import ModelRunner, RunnerConfig
 
 FEW_SHOT = "Q: What is the capital of Germany?\nA: Berlin\nQ: What is the capital of France?\nA:"
 

@@ -15,12 +15,11 @@ from gguf.quants import dequantize
 
 from runtime import Engine
 from runtime.cpu.int4_linear import INT4_MAX_ROWS, Int4Linear
+from runtime.exec.model_runner import ModelRunner, RunnerConfig
 from runtime.loading.default_model import build_model_dir
 from runtime.loading.gguf_groups import FOUR_BIT, INT4_GROUPS_FILE, decode_blocks, read_int4_groups, tensor_groups
-from runtime.exec.model_runner import ModelRunner, RunnerConfig
 from runtime.models.weights import checkpoint_files
 from tests.tiny_gguf import write_tiny_gemma3_gguf
-
 
 
 def random_blocks(kind: GGMLQuantizationType, n_blocks: int, rng: np.random.Generator) -> np.ndarray:

@@ -23,10 +23,10 @@ from runtime.cpu.gguf_linear import GROUP_MAX_ROWS, GroupLinear
 from runtime.cpu.gguf_linear import group_kernel_fast as gguf_fast
 from runtime.cpu.int4_linear import Int4Linear
 from runtime.cpu.prepare import resolve_quantization
+from runtime.exec.model_runner import ModelRunner, RunnerConfig, load_config, load_model
 from runtime.loading.default_model import build_model_dir
 from runtime.loading.gguf_groups import read_int4_groups
 from runtime.loading.gguf_int8_groups import EIGHT_BIT, INT8_GROUPS_FILE, read_int8_groups, tensor_groups
-from runtime.exec.model_runner import ModelRunner, RunnerConfig, load_config, load_model
 from runtime.models.weights import checkpoint_files
 from tests.tiny_gguf import write_tiny_gemma3_gguf
 

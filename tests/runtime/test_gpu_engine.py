@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from runtime import Engine
-from runtime.step.forward_batch import BatchEntry, ForwardBatch
 from runtime.exec.model_runner import ModelRunner, RunnerConfig
+from runtime.step.forward_batch import BatchEntry, ForwardBatch
 from tests.runtime.engine_helpers import assert_slots_balanced, reference_greedy, shared_prefix_prompts
 from tests.runtime.test_engine_parity import CONFIGS, STEPS
 from tests.tiny_models import FAMILIES, save_tiny_model

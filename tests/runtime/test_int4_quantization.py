@@ -9,12 +9,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime import Engine
 from kernels.cpu_ops import ops
-from runtime.cpu.int4_linear import (INT4_GROUP, INT4_MAX_ROWS, ONE_ROW_BLOCK, Int4Linear, dequantize_groups,
-                                     pack_blocks, quantize_groups)
-from runtime.step.forward_batch import BatchEntry, ForwardBatch
+from runtime import Engine
+from runtime.cpu.int4_linear import (
+    INT4_GROUP,
+    INT4_MAX_ROWS,
+    ONE_ROW_BLOCK,
+    Int4Linear,
+    dequantize_groups,
+    pack_blocks,
+    quantize_groups,
+)
 from runtime.exec.model_runner import ModelRunner, RunnerConfig
+from runtime.step.forward_batch import BatchEntry, ForwardBatch
 from tests.runtime.engine_helpers import assert_slots_balanced
 from tests.tiny_models import save_tiny_model
 

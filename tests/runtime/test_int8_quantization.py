@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime import Engine
-from runtime.step.forward_batch import BatchEntry, ForwardBatch
 from runtime.cpu.int8_linear import INT8_MAX_ROWS, Int8Linear, quantize_rows
 from runtime.exec.model_runner import ModelRunner, RunnerConfig
+from runtime.step.forward_batch import BatchEntry, ForwardBatch
 from tests.runtime.engine_helpers import assert_slots_balanced
 from tests.tiny_models import save_tiny_model
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.step.forward_batch import BatchEntry, ForwardBatch
 from runtime.exec.model_runner import ModelRunner, RunnerConfig
+from runtime.step.forward_batch import BatchEntry, ForwardBatch
 from tests.tiny_models import FAMILIES, save_tiny_model
 
 TOL = 1e-4
@@ -109,8 +109,9 @@ def test_mixed_ragged_batch_matches_separate_runs(family_model: tuple[str, Path]
 def test_unknown_architecture_is_a_clear_error(tmp_path: Path) -> None:
     import json
 
-    from runtime.models import model_class
     from transformers import AutoConfig
+
+    from runtime.models import model_class
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
     with pytest.raises(ValueError, match="unsupported architecture.*Gemma3ForCausalLM"):

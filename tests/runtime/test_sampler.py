@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.sampling.sampler import SampleRow, Sampler, filter_probs, inverse_cdf, uniforms
+from runtime.sampling.sampler import Sampler, SampleRow, filter_probs, inverse_cdf, uniforms
 from runtime.sampling_params import SamplingParams
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

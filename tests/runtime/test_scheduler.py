@@ -152,8 +152,8 @@ def test_kv_written_is_tracked_by_the_manager_alone() -> None:
 
 
 def test_a_step_plan_is_in_kernel_order_and_packs_into_the_declared_layout() -> None:
-    from runtime.step.forward_batch import HostBatch
     from runtime.step.contract import PACKED_LAYOUT, section_sizes
+    from runtime.step.forward_batch import HostBatch
 
     h = Harness.make(slots=256, chunked_prefill_size=64, max_prefill_tokens=64)
     decoding = h.submit([1, 2, 3], max_new_tokens=8)

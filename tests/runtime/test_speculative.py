@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from runtime import Engine, EngineArgs
-from runtime.step.request import Req
 from runtime.sampling.sampler import Sampler, verify_draft
-from runtime.sampling_params import SamplingParams
 from runtime.sampling.speculative import SpeculativeConfig, accepted, draft_sample_rows, propose
+from runtime.sampling_params import SamplingParams
+from runtime.step.request import Req
 from tests.runtime.engine_helpers import assert_slots_balanced
 from tests.tiny_models import FAMILIES, save_tiny_model
 

@@ -17,9 +17,9 @@ import uvicorn
 
 from runtime import Engine
 from server import processes
-from server.processes import free_port
 from server.app import build_app
 from server.common.state import ServerSettings
+from server.processes import free_port
 
 
 def wait_healthy(url: str, timeout: float = 30.0) -> None:

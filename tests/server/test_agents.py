@@ -100,8 +100,16 @@ def test_after_the_tool_result_the_model_answers_in_text(client: openai.OpenAI) 
 
 
 def test_openai_agents_sdk_runner(url: str) -> None:
-    from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, ToolCallItem, ToolCallOutputItem,
-                        function_tool, set_tracing_disabled)
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        ToolCallItem,
+        ToolCallOutputItem,
+        function_tool,
+        set_tracing_disabled,
+    )
 
     set_tracing_disabled(True)
     ran: list[str] = []

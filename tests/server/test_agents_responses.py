@@ -42,8 +42,16 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.mark.parametrize("streamed", [False, True])
 def test_agents_sdk_responses_model_round_trip(url: str, streamed: bool) -> None:
-    from agents import (Agent, ModelSettings, Runner, ToolCallItem, ToolCallOutputItem, function_tool,
-                        set_default_openai_client, set_tracing_disabled)
+    from agents import (
+        Agent,
+        ModelSettings,
+        Runner,
+        ToolCallItem,
+        ToolCallOutputItem,
+        function_tool,
+        set_default_openai_client,
+        set_tracing_disabled,
+    )
 
     set_tracing_disabled(True)
     set_default_openai_client(openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0),

@@ -10,8 +10,16 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.parsers.tools import PARSERS, ArgumentsDelta, CallStart, ContentDelta, StreamingToolParser, ToolSpec, \
-    parser_class, structural_tag
+from server.parsers.tools import (
+    PARSERS,
+    ArgumentsDelta,
+    CallStart,
+    ContentDelta,
+    StreamingToolParser,
+    ToolSpec,
+    parser_class,
+    structural_tag,
+)
 from server.parsers.tools.qwen25_coder import Qwen25CoderParser
 
 TOOLS = [ToolSpec("multiply", {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},

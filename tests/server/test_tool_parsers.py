@@ -12,8 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from server.parsers.reasoning import DeepSeekR1Parser, ReasoningParser, StreamingReasoning
-from server.parsers.tools import (PARSERS, ArgumentsDelta, CallStart, ContentDelta, StreamingToolParser, ToolParser,
-                                 ToolSpec, detect, structural_tag)
+from server.parsers.tools import (
+    PARSERS,
+    ArgumentsDelta,
+    CallStart,
+    ContentDelta,
+    StreamingToolParser,
+    ToolParser,
+    ToolSpec,
+    detect,
+    structural_tag,
+)
 from server.parsers.tools.forced import NamedParser, RequiredParser
 from tests.tiny_tokenizer import VOCAB_SIZE, save_tiny_tokenizer
 

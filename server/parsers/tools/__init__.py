@@ -4,8 +4,18 @@
 
 from __future__ import annotations
 
-from server.parsers.tools.base import (ArgumentsDelta, CallDraft, CallStart, ContentDelta, Event, Parsed,
-                                      StreamingToolParser, ToolParser, ToolSpec, new_call_id)
+from server.parsers.tools.base import (
+    ArgumentsDelta,
+    CallDraft,
+    CallStart,
+    ContentDelta,
+    Event,
+    Parsed,
+    StreamingToolParser,
+    ToolParser,
+    ToolSpec,
+    new_call_id,
+)
 from server.parsers.tools.gemma import GemmaParser
 from server.parsers.tools.grammar import structural_tag
 from server.parsers.tools.hermes import HermesParser

@@ -1,0 +1,85 @@
+"""Decode: a chat request's messages as chat templates take them, and the prompt they render to.
+
+Every protocol room hands the pipeline a chat request (server/pipeline/request.py); this is where
+its messages are checked (a 400 naming the message that is wrong) and rendered with the model's
+chat template, for the prompt (server/pipeline/chat.py), for the prefixes a client asks to keep
+(server/pipeline/retention.py) and for a stored turn's continuation (server/responses/).
+"""
+
+from __future__ import annotations
+
+import json
+
+from runtime.text.tokenizer import Tokenizer
+from server.common.errors import APIError
+from server.pipeline.request import ChatCompletionRequest
+from server.pipeline.structured import chat_tools
+
+KNOWN_ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+def render_prompt(tokenizer: Tokenizer, body: ChatCompletionRequest, add_generation_prompt: bool) -> str:
+    """The request's messages (and tools) through the model's chat template. ValueError: the
+    template refused them."""
+    renders_calls = "tool_calls" in (tokenizer.chat_template or "")
+    return tokenizer.apply_chat_template(chat_messages(body, renders_calls), add_generation_prompt,
+                                         chat_tools(body), body.chat_template_kwargs)
+
+
+def chat_messages(body: ChatCompletionRequest, template_renders_calls: bool = False) -> list[dict[str, object]]:
+    """The request's messages as chat templates take them (a 400 naming the message that is wrong).
+    `template_renders_calls`: the chat template writes an assistant turn's tool_calls itself."""
+    if not body.messages:
+        raise APIError(400, "messages must not be empty", "messages")
+    messages = []
+    call_ids: set[str] = set()
+    for i, message in enumerate(body.messages):
+        if message.role not in KNOWN_ROLES:
+            raise APIError(400, f"messages[{i}].role: unknown role {message.role!r}; use one of "
+                                f"{sorted(KNOWN_ROLES)}", f"messages[{i}].role")
+        content = message.content
+        if message.tool_calls and message.role != "assistant":
+            raise APIError(400, f"messages[{i}].tool_calls: only assistant messages call tools",
+                           f"messages[{i}].tool_calls")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if part.type != "text" or part.text is None:
+                    raise APIError(400, f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
+                parts.append(part.text)
+            content = "".join(parts)
+        entry: dict[str, object] = {"role": "system" if message.role == "developer" else message.role}
+        if message.tool_calls:
+            calls = [{"type": "function", "id": c.id,
+                      "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                     for c in message.tool_calls]
+            call_ids.update(c.id for c in message.tool_calls)
+            entry["tool_calls"] = calls
+            # Templates that do not render tool calls still show the model what was called; one that
+            # does must not see the calls twice (a small model then imitates the doubled turn:
+            # Qwen2.5-Coder-0.5B answered a tool result with the same call again, as a JSON list).
+            if content is None:
+                content = "" if template_renders_calls else json.dumps([c["function"] for c in calls])
+        if message.role == "tool" and message.tool_call_id is not None and message.tool_call_id not in call_ids:
+            raise APIError(400, f"messages[{i}].tool_call_id: {message.tool_call_id!r} answers no earlier "
+                                "assistant tool call", f"messages[{i}].tool_call_id")
+        if message.tool_call_id is not None:
+            entry["tool_call_id"] = message.tool_call_id
+        if message.name is not None and message.role == "tool":
+            entry["name"] = message.name
+        if message.reasoning_content is not None and message.role == "assistant":
+            entry["reasoning_content"] = message.reasoning_content
+        if content is None:
+            raise APIError(400, f"messages[{i}].content is required", f"messages[{i}].content")
+        entry["content"] = content
+        messages.append(entry)
+    return messages
+
+
+def _arguments(text: str) -> object:
+    """A call's arguments as templates take them: the JSON value, or the text itself when it is
+    not JSON (a call cut by max_tokens that a client sends back; OpenAI takes it too)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
