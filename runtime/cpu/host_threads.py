@@ -7,7 +7,7 @@ caller's thread made that thread start a pool, and the engine thread then starte
 and the same decode step ran markedly slower on the engine thread (README, "CPU serving"). So the
 engine is built with one intra-op thread on the caller's thread, which then never starts a pool of
 its own (unless the caller runs parallel torch work itself), and the engine thread's pool is the
-only one. tests/runtime/test_host_threads.py counts the threads.
+only one. tests/runtime/cpu/test_host_threads.py counts the threads.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ Engines (`copy_engine`, chosen by the pool's device; `--kv-tier-copy` overrides)
   download just freed runs after it. The copies overlap the host's scheduling and the disk
   tier's reads; they do not yet overlap the step that reads them layer by layer, as SGLang's
   HiCache does with an event per layer. THIS PATH HAS NEVER RUN ON A GPU (written and tested
-  on a CPU-only machine; tests/runtime/test_kv_tier_copy.py has the GPU tests, `make test-gpu`).
+  on a CPU-only machine; tests/runtime/kv/test_kv_tier_copy.py has the GPU tests, `make test-gpu`).
 - `DeferredCopies` (CPU, `--kv-tier-copy deferred`, for tests): a copy runs only when something
   waits for it, in issue order: the CUDA engine's asynchrony made visible on a CPU. Code that
   reads promoted slots or reuses demoted ones without waiting reads the wrong KV, so greedy

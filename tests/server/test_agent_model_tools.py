@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.runtime.test_agent_model import needs_agent_model
+from tests.runtime.loading.test_agent_model import needs_agent_model
 from tests.server.harness import RunningServer, serve
 
 pytestmark = [pytest.mark.slow, needs_agent_model]

@@ -2,7 +2,7 @@
 runs SGLang programs against `python -m server` with no change: gen, select, chat roles, fork,
 run_batch, regex and typed gens, var_scope, streaming and text_iter.
 
-The programs run in a child process (tests/server/sglang_client_programs.py: importing sglang
+The programs run in a child process (tests/server/sglang/sglang_client_programs.py: importing sglang
 patches transformers process-wide); this file checks what they produced, and that our own
 frontend_lang gives the same texts for the same programs on the same server.
 """

@@ -1,10 +1,10 @@
 """SGLang programs run by SGLang's own frontend (`import sglang as sgl`) against a radixserve URL.
 
-Run as a script: `python tests/server/sglang_client_programs.py URL`; prints one JSON object
+Run as a script: `python tests/server/sglang/sglang_client_programs.py URL`; prints one JSON object
 with what each program shape produced. It runs in a process of its own because importing
 `sglang` patches transformers and sets cache directories for the whole process, which the rest
 of the test session must not see. The programs are written as SGLang's docs and examples write
-them, unchanged; tests/server/test_sglang_client.py checks the results.
+them, unchanged; tests/server/sglang/test_sglang_client.py checks the results.
 """
 
 from __future__ import annotations

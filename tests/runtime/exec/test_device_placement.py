@@ -4,7 +4,7 @@ No GPU is needed for these. With "meta" as torch's default device inside the eng
 tensor made without an explicit device is a meta tensor, and the first op that meets it with a
 real tensor fails: so passing here means the step path would not silently build CPU tensors
 that a GPU op then reads (the bug class that breaks on CUDA). `make test-gpu` runs the same
-engine on CUDA (tests/runtime/test_gpu_engine.py).
+engine on CUDA (tests/runtime/exec/test_gpu_engine.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from step n's sampled ids on the device) is device-agnostic, so it runs here wit
 `overlap_schedule="on"`. The CUDA-graph step (static packed buffers, batches padded to a captured
 size, padding rows on the pad row and pad slot) runs here eagerly: the same function a GPU
 captures. Capture and replay themselves are tested by `make test-gpu`
-(tests/runtime/test_gpu_engine.py).
+(tests/runtime/exec/test_gpu_engine.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from runtime import Engine
 from runtime.exec.graph_runner import DecodeGraphRunner, capture_sizes
 from tests.runtime.engine_helpers import assert_slots_balanced, shared_prefix_prompts
-from tests.runtime.test_device_placement import PARAMS
+from tests.runtime.exec.test_device_placement import PARAMS
 from tests.tiny_models import save_tiny_model
 
 CONFIGS = [

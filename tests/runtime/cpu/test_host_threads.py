@@ -17,7 +17,7 @@ import pytest
 
 from tests.tiny_models import save_tiny_model
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = """
 import os, sys, torch
 def threads(): return len(os.listdir("/proc/self/task"))

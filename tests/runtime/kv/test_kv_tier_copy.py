@@ -23,7 +23,7 @@ from runtime.kv.manager import KVManager
 from runtime.kv.tier_copy import CudaCopies, DeferredCopies, SyncCopies, copy_engine
 from runtime.kv.tiers import TierConfig
 from tests.runtime.engine_helpers import assert_slots_balanced
-from tests.runtime.test_kv_tiers import ask_in_turn, docs, small_engine
+from tests.runtime.kv.test_kv_tiers import ask_in_turn, docs, small_engine
 from tests.tiny_models import save_tiny_model
 
 DOC = 8
@@ -163,7 +163,7 @@ def test_importing_and_using_the_cpu_path_never_touches_cuda() -> None:
             "t.copy_engine(torch.device('cpu')); assert not torch.cuda.is_initialized(); print('ok')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"},
-                          cwd=Path(__file__).resolve().parents[2])
+                          cwd=Path(__file__).resolve().parents[3])
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
