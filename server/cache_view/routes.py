@@ -17,7 +17,7 @@ from starlette.responses import HTMLResponse, Response
 from radix.tree_view import DEFAULT_LIMIT
 from server.common.errors import APIError, bad_request
 from server.common.state import ServerState
-from server.openai.routes import json_response
+from server.common.wire import json_response
 
 
 def _int_param(request: Request, name: str, default: int) -> int:

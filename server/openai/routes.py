@@ -12,8 +12,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from runtime import Output
-from server.common.errors import APIError, bad_request, error_json
+from server.common.errors import APIError, bad_request
 from server.common.state import ServerState, decode_body
+from server.common.wire import json_response, sse
 from server.openai.protocol import (
     ChatChoice,
     ChatCompletionChunk,
@@ -48,10 +49,6 @@ from server.pipeline.structured import constraint_for
 MAX_COMPLETION_LOGPROBS = 5
 
 
-def json_response(obj: object, status: int = 200) -> Response:
-    return Response(msgspec.json.encode(obj), status_code=status, media_type="application/json")
-
-
 # -- shared -------------------------------------------------------------------------------------------
 
 
@@ -65,15 +62,6 @@ def usage(outs: Sequence[Output], prompts: Sequence[tuple[int, int]]) -> Usage:
 def check_model(state: ServerState, model: str | None) -> None:
     if model is not None and model not in state.model_names:
         raise APIError(400, f"model {model!r} is not served here; available: {state.served_model_name!r}", "model")
-
-
-async def sse(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    try:
-        async for event in events:
-            yield b"data: " + event + b"\n\n"
-    except APIError as exc:
-        yield b"data: " + error_json(exc.status, exc.message, exc.param) + b"\n\n"
-    yield b"data: [DONE]\n\n"
 
 
 async def merged(streams: list[AsyncIterator[Output]]) -> AsyncIterator[tuple[int, Output]]:

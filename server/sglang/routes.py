@@ -23,7 +23,7 @@ from runtime import Output, SamplingParams
 from runtime.output import Logprobs
 from server.common.errors import APIError, bad_request
 from server.common.state import ServerState, decode_body
-from server.openai.routes import json_response, sse
+from server.common.wire import json_response, sse
 from server.pipeline.engine_client import PrimedStream, collect, run_request
 from server.pipeline.retention import Retain, retain, retaining, retention_priority, retention_seconds
 from server.sglang.compat import request_fields, sampling_fields
