@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 30000
 MODEL ?= default
 
-.PHONY: install install-agent-model test test-all test-gpu gpu-wheels serve serve-agent serve-cluster bench bench-peers clean
+.PHONY: install install-agent-model test test-all test-gpu gpu-wheels serve serve-agent serve-cluster bench bench-peers docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -74,5 +74,9 @@ bench: install
 bench-peers: install
 	$(PY) -m benchmarks.peers
 
+# The documentation site (docs/, mkdocs.yml) into site/; strict: a broken link or anchor fails it.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

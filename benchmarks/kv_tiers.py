@@ -1,4 +1,4 @@
-"""The prefix cache's host and disk tiers, measured (README "Host and disk tiers").
+"""The prefix cache's host and disk tiers, measured (docs/cache.md, "Host and disk tiers").
 
     python -m benchmarks.kv_tiers [--model default] [--json out.json]
 

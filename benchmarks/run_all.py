@@ -1,6 +1,6 @@
-"""`make bench`: run the workloads side by side, write JSON and plots, and update the README table.
+"""`make bench`: run the workloads side by side, write JSON and plots, and update the results table of the docs.
 
-Every number in the README's results table is written here from the JSON this run produced.
+Every number in docs/benchmarks.md's results table is written here from the JSON this run produced.
 
     python -m benchmarks.run_all --quick
 """
@@ -23,7 +23,7 @@ from benchmarks.workloads import make_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-README = ROOT / "README.md"
+RESULTS_PAGE = ROOT / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 QUICK_WORKLOADS = ["shared-prefix", "rag", "multi-turn", "few-shot", "tree-of-thought", "no-share"]
 
@@ -68,8 +68,8 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def update_readme(results: list[dict], stamp: str) -> None:
-    text = README.read_text()
+def update_results_page(results: list[dict], stamp: str) -> None:
+    text = RESULTS_PAGE.read_text()
     body = (f"{BEGIN}\nMeasured by `make bench` on {stamp}, default model, small scale, one run on this machine "
             f"(ratios matter; absolute numbers move with the machine's load). Plots: `benchmarks/results/`.\n\n"
             f"{table(results)}\n{END}")
@@ -77,7 +77,7 @@ def update_readme(results: list[dict], stamp: str) -> None:
         text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), body, text, flags=re.S)
     else:
         text += "\n## Benchmark results\n\n" + body + "\n"
-    README.write_text(text)
+    RESULTS_PAGE.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -85,9 +85,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="small scale; transformers-naive only on one workload")
     parser.add_argument("--model", default="default")
     parser.add_argument("--workloads", nargs="+", default=QUICK_WORKLOADS)
-    parser.add_argument("--no-readme", action="store_true")
+    parser.add_argument("--no-write", "--no-readme", dest="no_write", action="store_true",
+                        help="leave docs/benchmarks.md as it is (--no-readme: the old name)")
     parser.add_argument("--from-results", action="store_true",
-                        help="rebuild plots and the README table from the JSON files of the last run")
+                        help="rebuild plots and the docs' results table from the JSON files of the last run")
     args = parser.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.from_results:
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         plots.throughput_by_workload(results, RESULTS / "throughput.png")
         plots.ttft_by_system(results, RESULTS / "ttft-by-system.png")
         stamp = time.strftime("%Y-%m-%d", time.localtime((RESULTS / f"offline-{args.workloads[0]}.json").stat().st_mtime))
-        update_readme(results, stamp)
+        update_results_page(results, stamp)
         print(table(results))
         return
     results = []
@@ -114,8 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     plots.ttft_by_system(results, RESULTS / "ttft-by-system.png")
     plots.ttft_cdf(samples, RESULTS / "ttft-cdf.png")
     plots.hit_rate_vs_kv(sweep, RESULTS / "hit-rate-vs-kv.png")
-    if not args.no_readme:
-        update_readme(results, time.strftime("%Y-%m-%d"))
+    if not args.no_write:
+        update_results_page(results, time.strftime("%Y-%m-%d"))
     print(table(results))
 
 

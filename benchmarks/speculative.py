@@ -1,4 +1,4 @@
-"""Prompt-lookup speculative decoding on RAG-shaped one-stream work (README "Speculative decoding").
+"""Prompt-lookup speculative decoding on RAG-shaped one-stream work (docs/cpu.md, "Speculative decoding").
 
     python -m benchmarks.speculative [--model default] [--temperature T] [--json out.json]
 

@@ -5,7 +5,7 @@ LangGraph's prebuilt ReAct agent (langchain-openai) and pydantic-ai, each with o
     python examples/agent_frameworks.py --url http://127.0.0.1:30000 --model agent
 
 The frameworks send `tools` with tool_choice unset ("auto"); the server parses the model's own
-tool-call format into `tool_calls` (see README "Agents").
+tool-call format into `tool_calls` (see docs/agents.md).
 """
 
 from __future__ import annotations

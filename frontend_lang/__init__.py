@@ -9,8 +9,8 @@
 
 Backends: an in-process `Engine` (or `EngineBackend(engine)`), `Runtime(model_path=...)` (a local
 server process), `RuntimeEndpoint(url)` for a running radixserve server, and
-`OpenAI(base_url, model, api_key)` for any OpenAI-compatible server. The README's porting
-section lists what ports and what does not.
+`OpenAI(base_url, model, api_key)` for any OpenAI-compatible server. docs/porting-sglang.md
+lists what ports and what does not.
 """
 
 from frontend_lang.backends import Backend, BackendError, EngineBackend, OpenAI, RuntimeEndpoint

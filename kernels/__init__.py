@@ -1,7 +1,7 @@
 """kernels: attention over a ragged batch and the paged KV pool.
 
 One interface, two backends: `torch` (the reference and the CPU default) and `triton`. Imports
-nothing else from the project (the README's tour says how the packages layer).
+nothing else from the project (docs/architecture.md's tour says how the packages layer).
 """
 
 from kernels.metadata import AttentionMetadata

@@ -5,7 +5,7 @@
 // codes costs more instructions a byte than reading them: this layout needs no shuffles to
 // unpack, only shifts and bit masks, and is read in one forward stream. On the 2-core Zen 4 the
 // default model's int4 output layer (262144 x 640) takes 3.2 ms here against 4.8 with torch's
-// kernel, and a whole one-row step 9.6 ms against 11.7 (README, "Speculative decoding and int4
+// kernel, and a whole one-row step 9.6 ms against 11.7 (docs/cpu.md, "Speculative decoding and int4
 // weights").
 //
 // Weights: codes q in [0, 15], w[n, k] = scales[n, g] * q[n, k] + lows[n, g] with g = k / 32.

@@ -5,7 +5,7 @@ channel) read half the bytes of bf16. torch's int8 kernel (`torch._weight_int8pa
 packed bf16 once a product has more than a few rows, so layers use int8 for at most INT8_MAX_ROWS
 rows and their bf16 weights above that; the output layer times its ways per batch size
 (runtime/cpu/output_layer.py). Activations stay bf16 (torch's kernel is slow with fp32 ones).
-The measured figures are in the README ("CPU serving").
+The measured figures are in docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ head). `linear_kernel` is one such kernel: `F.linear`, or oneDNN's product over 
 weight prepacked once (`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU
 freezing uses) in the blocked layout its kernels read. `F.linear` hands oneDNN a plain row-major
 weight every call and oneDNN reorders it on the fly, so packing pays most at few rows, where the
-product only streams the weight (README, "CPU serving", has the measured figures). In bf16 the
+product only streams the weight (docs/benchmarks.md has the measured figures). In bf16 the
 packed results are bitwise those of `F.linear`. Where this torch build or CPU lacks the kernels
 (no oneDNN, or no bf16 support in it), layers stay plain. The plain weights stay too, so packing
 doubles the layers' weight memory: only where that is a small share of the RAM available.

@@ -1,6 +1,6 @@
 """`--dtype auto` on the CPU: chosen at startup from what the cores can do, by a short measurement.
 
-No single dtype wins everywhere (README, "CPU serving", has the peers' figures per CPU kind): on CPUs with bf16 units (AVX-512 bf16,
+No single dtype wins everywhere (docs/benchmarks.md has the peers' figures per CPU kind): on CPUs with bf16 units (AVX-512 bf16,
 AMX) bf16 matmul is 2-7x faster than fp32 and bf16 wins every figure; on AVX2-only CPUs torch's
 bf16 matmul runs at a sixth of fp32's rate, so fp32 wins prompt processing and batched decoding,
 while one stream, which only reads weights, still runs nearly twice as fast from bf16 weights

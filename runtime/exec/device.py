@@ -32,7 +32,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str) -> torch.dtype:
-    """`auto` is bfloat16 (on CUDA always; on the CPU measured best where it has bf16 units: see README)."""
+    """`auto` is bfloat16 (on CUDA always; on the CPU measured best where it has bf16 units: see docs/benchmarks.md)."""
     if name == "auto":
         return torch.bfloat16
     if name not in DTYPES:

@@ -1,7 +1,7 @@
 """Decode steps as CUDA graphs: one captured graph per padded batch size, replayed each step.
 
 A decode step of a small model is hundreds of short kernels; launched one by one from Python
-they cost several times the GPU work (the README's "On a GPU" has the H100's figures). So at
+they cost several times the GPU work (docs/gpu.md has the H100's figures). So at
 startup each batch size in `capture_sizes` gets:
 - a static device buffer holding the body of the packed step layout (runtime/step/contract.py:
   PACKED_LAYOUT), which every replay overwrites with one copy;

@@ -30,7 +30,7 @@ class ServerSettings:
     max_request_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     log_requests: bool = False
     log_level: str = "info"
-    # Agents (README "Agents"): the model's tool-call and reasoning formats; auto reads the chat template.
+    # Agents (docs/agents.md): the model's tool-call and reasoning formats; auto reads the chat template.
     tool_call_parser: str = "auto"
     reasoning_parser: str = "auto"
     # Responses API (server/responses/store.py): how many answers previous_response_id can continue,
