@@ -84,7 +84,8 @@ class Engine:
             cuda_graph_max_bs=None if a.disable_cuda_graph else a.cuda_graph_max_bs, quantization=a.quantization,
             prefix_cache=a.enable_prefix_cache, kv_host_tier_tokens=a.kv_host_tier_tokens or 0,
             kv_host_tier_gib=a.kv_host_tier_gib, kv_disk_dir=a.kv_disk_dir, kv_disk_gib=a.kv_disk_gib,
-            kv_host_tier_dtype=a.kv_host_tier_dtype, kv_tier_copy=a.kv_tier_copy), config)
+            kv_host_tier_dtype=a.kv_host_tier_dtype, kv_tier_copy=a.kv_tier_copy, cpu_threads=a.num_threads,
+            adapt_cpu_threads=a.adapt_cpu_threads), config)
         self.device = self.runner.device
         self.context_len = self.runner.context_len
         self.kv = self.runner.kv  # the KV state's one owner, handed to the scheduler and the loop
@@ -168,7 +169,8 @@ class Engine:
             attention_backend=runner.backend.name,
             cuda_graph_batch_sizes=list(runner.graphs.sizes) if runner.graphs else [],
             overlap_schedule_on=self.loop.overlap, kv_cache_tokens=runner.num_slots, page_size=self.args.page_size,
-            context_length=self.context_len, vocab_size=runner.vocab_size)
+            context_length=self.context_len, vocab_size=runner.vocab_size, cpu_threads=runner.cpu_thread_ceiling,
+            adapt_cpu_threads=runner.threads is not None)
 
     def _dequeued(self, req: Req) -> None:
         with self._queue_lock:

@@ -81,7 +81,12 @@ class EngineArgs:
     speculative_disable_by_batch_size: int | None = field(default=None, metadata={
         "help": "no drafts in a step with at least this many decoding requests (vLLM's disable_by_batch_size): "
                 "a big batch is already compute-bound, and verifying drafts adds rows. Default: never"})
-    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: all cores)"})
+    num_threads: int | None = field(default=None, metadata={
+        "help": "CPU threads at most (--cpu-threads; default: OMP_NUM_THREADS, else the cores this process may use: "
+                "its affinity mask and cgroup CPU quota)"})
+    adapt_cpu_threads: bool = field(default=True, metadata={
+        "help": "on the CPU, compute with fewer threads while other processes keep some of the cores busy "
+                "(spinning threads that wait for a taken core stall every step)"})
     seed: int = field(default=0, metadata={"help": "seed for requests that do not set their own"})
 
     def validate(self) -> None:

@@ -20,6 +20,8 @@ class EngineInfo:
     page_size: int
     context_length: int
     vocab_size: int
+    cpu_threads: int | None = None  # the CPU threads' ceiling (runtime/cpu/thread_budget.py); None on a GPU
+    adapt_cpu_threads: bool = False  # whether fewer are used while other processes hold cores
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -15,7 +15,7 @@ from server.common.state import DEFAULT_MAX_BODY_BYTES, ServerSettings
 # Flags named as SGLang and vLLM users expect, where our field name differs.
 RENAMED = {"enable_prefix_cache": "--disable-radix-cache"}
 ALIASES = {"enable_prefix_cache": ["--no-enable-prefix-caching"], "kv_cache_tokens": ["--max-total-tokens"],
-           "context_length": ["--max-model-len"]}
+           "context_length": ["--max-model-len"], "num_threads": ["--cpu-threads"]}
 
 
 def build_parser() -> argparse.ArgumentParser:

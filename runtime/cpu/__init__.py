@@ -2,6 +2,8 @@
 
 - precision.py: `--dtype auto` chosen from matmul rates measured at startup;
 - host_threads.py: the engine is built serially so the engine thread's OpenMP pool is the only one;
+- thread_budget.py: that pool's thread count, from the cores the process may use, lowered between
+  steps while other processes hold some of them;
 - kernel_linear.py: the shared base of the CPU linear layers, and oneDNN weight packing;
 - packed_linear.py, dual_linear.py, int8_linear.py, int4_linear.py, gguf_linear.py: the layer
   kinds built on it;
@@ -14,6 +16,8 @@ A GPU reader can skip this folder: the runner is device-neutral but for that cal
 from runtime.cpu.host_threads import serial_on_this_thread
 from runtime.cpu.precision import MatmulRates, Precision, choose, measure_rates, resolve_precision
 from runtime.cpu.prepare import check_quantization, prepare, resolve_quantization
+from runtime.cpu.thread_budget import ThreadGovernor, allowed_cpus, cgroup_quota, thread_ceiling
 
-__all__ = ["MatmulRates", "Precision", "check_quantization", "choose", "measure_rates", "prepare",
-           "resolve_precision", "resolve_quantization", "serial_on_this_thread"]
+__all__ = ["MatmulRates", "Precision", "ThreadGovernor", "allowed_cpus", "cgroup_quota", "check_quantization", "choose",
+           "measure_rates", "prepare", "resolve_precision", "resolve_quantization", "serial_on_this_thread",
+           "thread_ceiling"]

@@ -78,6 +78,8 @@ class RunnerConfig:
     kv_disk_gib: float = 4.0
     kv_host_tier_dtype: str = "auto"  # how host copies hold KV (runtime/kv/host_codec.py)
     kv_tier_copy: str = "auto"  # how KV moves to and from host copies (runtime/kv/tier_copy.py)
+    cpu_threads: int | None = None  # the CPU threads' ceiling; None: the cores this process may use
+    adapt_cpu_threads: bool = True  # fewer threads while other processes hold cores (runtime/cpu/thread_budget.py)
 
 
 class ModelRunner:
@@ -116,6 +118,9 @@ class ModelRunner:
         self.backend = get_attention_backend(cfg.attention_backend, self.device.type)
         self.softcap: float | None = getattr(c, "final_logit_softcapping", None)
         self.graphs: DecodeGraphRunner | None = None
+        self._cpu_threads = (cfg.cpu_threads, cfg.adapt_cpu_threads)
+        self.threads: cpu.ThreadGovernor | None = None  # set on the engine thread (warm_up)
+        self.cpu_thread_ceiling: int | None = None
         if self.device.type == "cuda" and cfg.cuda_graph_max_bs:
             self.graphs = self._capture(min(cfg.cuda_graph_max_bs, cfg.max_requests))
         logger.info("loaded %s on %s (%s, %s attention) in %.1fs: weights %.2f GiB, KV pool %.2f GiB = %d tokens",
@@ -145,7 +150,12 @@ class ModelRunner:
 
     def warm_up(self, max_requests: int) -> None:
         """Before the first step, on the thread that will run the steps: the CPU output layer times
-        its ways for the batch sizes it will meet (runtime/cpu/output_layer.py)."""
+        its ways for the batch sizes it will meet (runtime/cpu/output_layer.py). The CPU's thread count
+        is set here too, on the thread whose OpenMP pool computes (runtime/cpu/thread_budget.py)."""
+        if self.device.type == "cpu":
+            requested, adapt = self._cpu_threads
+            self.threads = cpu.ThreadGovernor.for_this_process(requested, adapt)
+            self.cpu_thread_ceiling = torch.get_num_threads() if self.threads is None else self.threads.ceiling
         warm = getattr(self.output_layer, "warm_up", None)
         if warm is not None:
             with torch.inference_mode():
@@ -168,6 +178,8 @@ class ModelRunner:
         its CUDA graph where one was captured, anything else runs eagerly. `future_ids`: the
         previous step's sampled ids on the device, for entries that name a future token."""
         self.kv.before_step()  # copies into promoted slots land first (runtime/kv/tier_copy.py)
+        if self.threads is not None:
+            self.threads.before_step()  # fewer CPU threads while other processes hold our cores
         if self.graphs is not None and self.graphs.fits(entries):
             return self.graphs.run(entries, future_ids)
         packed = HostBatch.pack(entries, self.table)

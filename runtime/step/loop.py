@@ -283,6 +283,10 @@ class EngineLoop:
             "prompts_without_forward_total": self.kv.last_logits.hits,  # exact re-sends (kv/last_logits.py)
             "steps_total": self.steps,
         }
+        threads = getattr(self.runner, "threads", None)
+        if threads is not None:  # the CPU's thread count, following what other processes leave us (runtime/cpu/)
+            stats.update({"cpu_threads": threads.threads, "cpu_threads_changes_total": threads.changes,
+                          "cpu_cores_used_by_others": round(threads.others, 2)})
         if sched.speculative is not None:  # prompt-lookup speculative decoding (runtime/sampling/speculative.py)
             drafted, kept = counters.draft_tokens, self.output.accepted_draft_tokens
             stats.update({"spec_draft_tokens_total": drafted, "spec_accepted_tokens_total": kept,
