@@ -30,14 +30,13 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as `python benchmarks/x.py`: import `benchmarks` as -m would
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import peer_figures, peers
-from benchmarks.peer_figures import Client, text
+from benchmarks.peer_figures import Client, neighbour, text
 from server.processes import stop, wait_healthy
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -45,7 +44,6 @@ CONDITIONS = ("idle", "busy", "quota")
 FIGURES = [("prompt_tok_s", "prompt (~500 tokens), tok/s", ",.0f"), ("one_stream_tok_s", "one stream, tok/s", ".1f"),
            ("streams8_tok_s", "8 streams, total tok/s", ".1f")]
 QUOTA_CORES = 1.5
-NEIGHBOUR = [sys.executable, "-c", "while True: pass"]
 
 
 async def _figures(base_url: str, trials: int, condition: int) -> dict[str, float]:
@@ -100,18 +98,6 @@ class CpuQuota:
         if self.folder is not None:
             with contextlib.suppress(OSError):
                 self.folder.rmdir()
-
-
-@contextlib.contextmanager
-def neighbour() -> Iterator[None]:
-    """One process spinning on one core, in a session of its own."""
-    proc = subprocess.Popen(NEIGHBOUR, start_new_session=True)
-    try:
-        time.sleep(1.0)
-        yield
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def _start(python: Path, args: list[str], log: Path, quota: CpuQuota | None) -> subprocess.Popen:

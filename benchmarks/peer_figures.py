@@ -8,6 +8,8 @@ Figures (`../shared/PEERS.md` defines them; each is the median of `trials`):
 - shared_prefix_req_s: 32 requests in 4 groups behind a ~400-token system prompt, 8 at a time;
 - rag_one_stream_tok_s: one streamed request of 128 tokens after a ~1,500-token document, answering
   with a quote of it (benchmarks/speculative.py's workload): tokens / s after the first.
+With a busy neighbour (`busy_figures`, while `neighbour()` spins on one core in a session of its own):
+- one_stream_busy_tok_s and streams16_busy_tok_s: the one-stream and 16-stream figures again.
 Prompts are words, counted by the server (`usage`); every server sees the same text. Traffic goes
 only to the given URL (127.0.0.1).
 """
@@ -15,9 +17,13 @@ only to the given URL (127.0.0.1).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 
 import httpx
 
@@ -122,3 +128,32 @@ async def measure(base_url: str, model: str, trials: int = 3) -> dict[str, float
 
 def run(base_url: str, model: str, trials: int = 3) -> dict[str, float]:
     return asyncio.run(measure(base_url, model, trials))
+
+
+@contextlib.contextmanager
+def neighbour() -> Iterator[None]:
+    """One other process spinning on one core, in a session of its own (as a service's neighbour is)."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    try:
+        time.sleep(1.0)
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def measure_busy(base_url: str, model: str, trials: int = 3) -> dict[str, float]:
+    client = Client(base_url, model)
+    try:
+        one, many = [], []
+        for trial in range(trials):
+            one.append(await client.stream_rate(text(24, seed=9000 + trial), 128))
+            many.append(await _streams(client, 16, 64, 50 + trial))
+        return {"one_stream_busy_tok_s": statistics.median(one), "streams16_busy_tok_s": statistics.median(many)}
+    finally:
+        await client.close()
+
+
+def busy_figures(base_url: str, model: str, trials: int = 3) -> dict[str, float]:
+    with neighbour():
+        return asyncio.run(measure_busy(base_url, model, trials))

