@@ -30,10 +30,16 @@ $(AGENT_STAMP): pyproject.toml | $(STAMP)
 
 install-agent-model: $(AGENT_STAMP)
 
+# lm-evaluation-harness (the `eval` extra): the slow test that runs it as a client of the server.
+EVAL_STAMP := $(VENV)/.eval-stamp
+$(EVAL_STAMP): pyproject.toml | $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[eval]'
+	touch $(EVAL_STAMP)
+
 test: install
 	$(PY) -m pytest -m "not slow" -q
 
-test-all: install install-agent-model
+test-all: install install-agent-model $(EVAL_STAMP)
 	$(PY) -m pytest -q
 
 # On a CUDA machine: the GPU-marked tests (compiled Triton kernels, the engine and a server on
