@@ -2,7 +2,7 @@
 
 The request side is decoded (unknown fields ignored, as on the other OpenAI routes); the response
 side (the Response object, its output items and the streaming events) is built as plain dicts in
-server/responses/routes.py, since its items and events are many small tagged shapes.
+server/responses/items.py, since its items and events are many small tagged shapes.
 """
 
 from __future__ import annotations

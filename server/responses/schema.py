@@ -1,5 +1,5 @@
 """The shapes `/v1/responses` answers with, as msgspec Structs, for /openapi.json only: the server
-builds them as plain dicts (server/responses/routes.py, `response_object` and `output_items`); a test
+builds them as plain dicts (server/responses/items.py, `response_object` and `output_items`); a test
 checks that a real answer fits these."""
 
 from __future__ import annotations
