@@ -48,9 +48,11 @@ def output_items(message: AssistantMessage) -> list[dict[str, object]]:
 
 
 def _usage(out: Output) -> dict[str, object]:
+    # OpenAI's names, and beside them the Chat Completions names SGLang's clients read here too.
     return {"input_tokens": out.prompt_tokens, "input_tokens_details": {"cached_tokens": out.cached_tokens},
             "output_tokens": out.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": out.prompt_tokens + out.completion_tokens}
+            "total_tokens": out.prompt_tokens + out.completion_tokens,
+            "prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens}
 
 
 def _status(out: Output | None) -> tuple[str, dict[str, str] | None]:

@@ -44,6 +44,8 @@ class ResponseUsage(msgspec.Struct, kw_only=True):
     output_tokens: int
     output_tokens_details: OutputTokensDetails
     total_tokens: int
+    prompt_tokens: int  # the same counts under the Chat Completions names (SGLang's clients read them)
+    completion_tokens: int
 
 
 class ResponseObject(msgspec.Struct, kw_only=True):

@@ -120,6 +120,8 @@ def _tools(body: ResponsesRequest) -> list[Tool] | None:
 
 def _tool_choice(body: ResponsesRequest) -> str | NamedToolChoice | None:
     choice = body.tool_choice
+    if choice == "auto" and not body.tools:
+        return None  # the Responses API's default: with no tools it asks for nothing (OpenAI answers it)
     if choice is None or isinstance(choice, str):
         return choice
     if choice.type != "function" or not choice.name:
