@@ -26,6 +26,7 @@ from runtime.engine_info import EngineInfo
 from runtime.exec.model_runner import ModelRunner, RunnerConfig, load_config
 from runtime.loading.default_model import resolve_model_path
 from runtime.output import Output
+from runtime.sampling.pooling import PoolingParams
 from runtime.sampling_params import SamplingParams
 from runtime.step.loop import EngineLoop
 from runtime.step.request import Req
@@ -103,8 +104,11 @@ class Engine:
         return list(prompt)
 
     def submit(self, input_ids: Sequence[int], sampling_params: ParamsLike = None, sink: Sink | None = None,
-               rid: str | None = None, cache_salt: str | None = None, stream: bool = False) -> list[str]:
+               rid: str | None = None, cache_salt: str | None = None, stream: bool = False,
+               pooling: PoolingParams | None = None) -> list[str]:
         """Queue one prompt (n samples of it); each sample's Outputs go to `sink` on the engine thread.
+        With `pooling`, the prompt returns an embedding or chosen logits instead of tokens
+        (runtime/sampling/pooling.py; its sampling parameters must ask for no new tokens).
 
         Returns the request ids, one per sample. Raises ValueError for bad input.
         """
@@ -112,6 +116,10 @@ class Engine:
             raise RuntimeError("the engine has been shut down")
         params = _as_params(sampling_params)
         ids = self._validate_ids(input_ids)
+        if pooling is not None:
+            pooling.validate(self.runner.vocab_size)
+            if params.max_new_tokens != 0 or params.n != 1:
+                raise ValueError("a pooling request generates nothing: max_new_tokens must be 0 and n 1")
         if params.logit_bias and max(params.logit_bias) >= self.runner.vocab_size:
             raise ValueError(f"logit_bias: token id {max(params.logit_bias)} is not in [0, {self.runner.vocab_size})")
         compiled = self._compile_constraint(params)  # a bad constraint raises before anything is queued
@@ -125,6 +133,7 @@ class Engine:
         rids = [rid] if params.n == 1 else [f"{rid}.{i}" for i in range(params.n)]
         for index, child in enumerate(rids):
             req = self._make_req(child, ids, params, index, sink or (lambda _: None), cache_salt, stream)
+            req.pooling = pooling
             if compiled is not None:
                 req.grammar = self._grammars.matcher(compiled)  # each sample walks the grammar on its own
             self.loop.post(lambda req=req: self.loop.add_request(req))
@@ -214,6 +223,33 @@ class Engine:
         waiter.expect(keys)
         return waiter.wait(keys, self.loop)
 
+    def embed(self, prompts: str | Sequence[str] | None = None,
+              input_ids: Sequence[int] | Sequence[Sequence[int]] | None = None, pooling: str | None = None,
+              normalize: bool = True, cache_salt: str | None = None) -> list[Output]:
+        """Embeddings of a batch of texts (`Output.embedding`): the final hidden state at the last token
+        (`pooling="last"`, the default `--embedding-pooling`) or the mean over the prompt, L2-normalised.
+        The prompts share the radix cache with every other request."""
+        how = PoolingParams("embed", pooling or self.args.embedding_pooling, normalize)
+        return self._pooled(prompts, input_ids, how, cache_salt)
+
+    def score_next_tokens(self, prompts: str | Sequence[str] | None = None,
+                          input_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
+                          token_ids: Sequence[int] = (), cache_salt: str | None = None) -> list[Output]:
+        """The logits of `token_ids` at the position after each prompt (`Output.token_logits`), with
+        no token generated: a decoder reranker's yes/no scores."""
+        return self._pooled(prompts, input_ids, PoolingParams("next_token", token_ids=list(token_ids)), cache_salt)
+
+    def _pooled(self, prompts: str | Sequence[str] | None, input_ids: Sequence[int] | Sequence[Sequence[int]] | None,
+                pooling: PoolingParams, cache_salt: str | None) -> list[Output]:
+        encoded = [self.encode(p) for p in self._prompt_batch(prompts, input_ids)]
+        waiter = _Waiter()
+        keys: list[str] = []
+        for ids in encoded:
+            keys.extend(self.submit(ids, SamplingParams(max_new_tokens=0), waiter.sink, cache_salt=cache_salt,
+                                    pooling=pooling))
+        waiter.expect(keys)
+        return waiter.wait(keys, self.loop)
+
     async def stream(self, prompt: str | None = None, input_ids: Sequence[int] | None = None,
                      sampling_params: ParamsLike = None, rid: str | None = None,
                      cache_salt: str | None = None) -> AsyncIterator[Output]:
@@ -230,7 +266,8 @@ class Engine:
                 yield out
 
     async def outputs(self, input_ids: Sequence[int], sampling_params: ParamsLike = None, rid: str | None = None,
-                      cache_salt: str | None = None, stream: bool = False) -> AsyncIterator[Output]:
+                      cache_salt: str | None = None, stream: bool = False,
+                      pooling: PoolingParams | None = None) -> AsyncIterator[Output]:
         """Submit one prompt (n samples) and yield its Outputs on the caller's event loop as they
         arrive; with `stream`, one per new token too. Submission errors raise at the first step.
         Leaving early (closing the iterator: a client gone) aborts every sample still running,
@@ -238,7 +275,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Output] = asyncio.Queue()
         rids = self.submit(input_ids, sampling_params, lambda out: loop.call_soon_threadsafe(queue.put_nowait, out),
-                           rid=rid, cache_salt=cache_salt, stream=stream)
+                           rid=rid, cache_salt=cache_salt, stream=stream, pooling=pooling)
         remaining = len(rids)
         try:
             while remaining:

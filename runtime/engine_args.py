@@ -9,6 +9,7 @@ from kernels import check_backend_name
 from runtime.exec.device import check_device_name, resolve_dtype
 from runtime.kv.host_codec import HOST_DTYPES
 from runtime.kv.tier_copy import COPY_ENGINES
+from runtime.sampling.pooling import POOLING_METHODS
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 LOAD_FORMATS = ("auto", "dummy")
@@ -88,6 +89,9 @@ class EngineArgs:
         "help": "on the CPU, compute with fewer threads while other processes keep some of the cores busy "
                 "(spinning threads that wait for a taken core stall every step)"})
     seed: int = field(default=0, metadata={"help": "seed for requests that do not set their own"})
+    embedding_pooling: str = field(default="last", metadata={
+        "help": "embeddings (/v1/embeddings): the final hidden state at the last token (last: Qwen3-Embedding, "
+                "gte-Qwen2, e5-mistral) or the mean over the prompt (mean: computes the whole prompt)"})
 
     def validate(self) -> None:
         self._read_speculative_config()
@@ -105,6 +109,8 @@ class EngineArgs:
             raise ValueError(f"kv_host_tier_dtype must be one of {HOST_DTYPES}, got {self.kv_host_tier_dtype!r}")
         if self.kv_tier_copy not in COPY_ENGINES:
             raise ValueError(f"kv_tier_copy must be one of {COPY_ENGINES}, got {self.kv_tier_copy!r}")
+        if self.embedding_pooling not in POOLING_METHODS:
+            raise ValueError(f"embedding_pooling must be one of {POOLING_METHODS}, got {self.embedding_pooling!r}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
         for name in ("kv_host_tier_gib", "kv_disk_gib"):

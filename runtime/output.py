@@ -31,6 +31,10 @@ class Output:
     delta_text: str = ""  # new text since the previous streamed Output
     matched_stop: str | int | None = None
     error: str | None = None  # set when the request failed inside the engine
+    # A pooling request's result (runtime/sampling/pooling.py): its embedding, or the logits of the
+    # token ids it asked about at the position after its prompt.
+    embedding: list[float] | None = None
+    token_logits: list[float] | None = None
 
     @property
     def finished(self) -> bool:

@@ -68,7 +68,7 @@ class DecodeGraphRunner:
     def fits(self, entries: list[BatchEntry]) -> bool:
         """A pure decode step (one new token and one logit row each) of at most max_bs requests."""
         return len(entries) <= self.max_bs and all(len(e.token_ids) == 1 and e.logits_from is None
-                                                   for e in entries)
+                                                   and not e.keep_hidden for e in entries)
 
     def run(self, entries: list[BatchEntry], future_ids: torch.Tensor | None) -> tuple[torch.Tensor, HostBatch]:
         """Logits [len(entries), vocab] for a decode step that `fits`, and the step's layout."""

@@ -173,26 +173,32 @@ class ModelRunner:
     def table(self) -> ReqSlotTable:
         return self.kv.table
 
-    def run(self, entries: list[BatchEntry], future_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, HostBatch]:
-        """Logits for a step's entries (kernel order) and the step's layout: a decode step replays
-        its CUDA graph where one was captured, anything else runs eagerly. `future_ids`: the
+    def run(self, entries: list[BatchEntry],
+            future_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, HostBatch, torch.Tensor | None]:
+        """Logits for a step's entries (kernel order), the step's layout, and every new token's final
+        hidden state where an entry asked to keep it (a pooling request), else None. A decode step
+        replays its CUDA graph where one was captured, anything else runs eagerly. `future_ids`: the
         previous step's sampled ids on the device, for entries that name a future token."""
         self.kv.before_step()  # copies into promoted slots land first (runtime/kv/tier_copy.py)
         if self.threads is not None:
             self.threads.before_step()  # fewer CPU threads while other processes hold our cores
         if self.graphs is not None and self.graphs.fits(entries):
-            return self.graphs.run(entries, future_ids)
+            return (*self.graphs.run(entries, future_ids), None)
         packed = HostBatch.pack(entries, self.table)
-        return self.forward(ForwardBatch.upload(packed, self.table, future_ids)), packed
+        logits, hidden = self.forward_hidden(ForwardBatch.upload(packed, self.table, future_ids))
+        return logits, packed, hidden if any(e.keep_hidden for e in entries) else None
 
-    @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Float32 logits [rows, vocab] on the device for the rows the batch asks for."""
+        return self.forward_hidden(batch)[0]
+
+    @torch.inference_mode()
+    def forward_hidden(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logits, and the final (normed) hidden state of every new token [tokens, hidden]."""
         with forward_context(ForwardContext(batch.attn, self.pool.k, self.pool.v, self.backend)):
             hidden = self.model(batch.input_ids, batch.positions)
-        if batch.logit_rows is not None:
-            hidden = hidden.index_select(0, batch.logit_rows)
-        return self.compute_logits(hidden)
+        rows = hidden if batch.logit_rows is None else hidden.index_select(0, batch.logit_rows)
+        return self.compute_logits(rows), hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.output_layer(hidden, self.model.output_weight)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from runtime.kv.last_logits import LastLogits
+from runtime.sampling.pooling import pooled_rows
 from runtime.sampling.sampler import Sampler, SampleRow, device_ids, prompt_logprobs
 from runtime.sampling.speculative import draft_sample_rows
 from runtime.step.contract import StepOutputs, StepPlan
@@ -29,16 +30,28 @@ class StepSampler:
         self.grammar_mask = grammar_mask
         self.last_logits = last_logits  # where a finished prompt's last logits are kept (None: nowhere)
 
-    def sample(self, plan: StepPlan, layout: HostBatch | None, logits: torch.Tensor | None) -> StepOutputs:
+    def sample(self, plan: StepPlan, layout: HostBatch | None, logits: torch.Tensor | None,
+               hidden: torch.Tensor | None = None) -> StepOutputs:
         """Prompt logprobs and next tokens for a step's logits, laid out as `layout` says (None:
-        the step had no forward, only ready requests)."""
+        the step had no forward, only ready requests); pooling requests' rows of `hidden` (every
+        new token's final hidden state, where an entry kept it)."""
         out = StepOutputs()
         rows: list[int] = []
         draft_rows: list[int] = []
         spans = zip(layout.logit_starts, layout.logit_counts) if layout is not None else ()
+        token_start = 0
         for (req, entry), (start, count) in zip(zip(plan.reqs, plan.entries), spans):
+            first_token, token_start = token_start, token_start + len(entry.token_ids)
             if req.state is ReqState.FINISHED:
                 continue  # finished by the previous step's tokens, read while this step was launched
+            if req.pooling is not None:  # an embedding or a score: no token to sample (sampling/pooling.py)
+                assert hidden is not None and logits is not None
+                last = entry.prefix_len + len(entry.token_ids) == req.planned_len
+                out.pooled.append((req, pooled_rows(req.pooling, hidden[first_token:token_start],
+                                                    logits[start + count - 1] if last else None, last)))
+                if last:
+                    out.sampled_reqs.append(req)
+                continue
             if entry.draft:  # a decode verifying a draft: the model's choice at every position
                 out.drafts.append((req, entry.token_ids[-entry.draft :]))
                 draft_rows.extend(range(start, start + count))

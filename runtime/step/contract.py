@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
+    from runtime.sampling.pooling import PooledRows
     from runtime.sampling.sampler import PendingSample
     from runtime.step.request import Req
 
@@ -36,6 +37,7 @@ class BatchEntry:
     logits_from: int | None = None  # also return logits of new-token offsets >= this
     future: int | None = None  # token_ids[-1] is the previous step's sampled id number `future`
     draft: int = 0  # the last `draft` tokens are proposals to verify (runtime/sampling/speculative.py)
+    keep_hidden: bool = False  # a pooling request: the step also returns every new token's hidden state
 
 
 # The packed layout of a step: one int64 tensor holding these sections, in this order. Sizes are
@@ -99,7 +101,7 @@ class StepPlan:
             return
         tokens = [req.token_at(req.kv_len)] if num_tokens == 1 else req.all_ids[req.kv_len : req.kv_len + num_tokens]
         assert len(tokens) == num_tokens
-        self._put(req, BatchEntry(req.row, req.kv_len, tokens, logits_from))
+        self._put(req, BatchEntry(req.row, req.kv_len, tokens, logits_from, keep_hidden=req.pooling is not None))
 
     def add_draft(self, req: Req, draft: list[int]) -> None:
         """A decode with proposed next tokens: the last known token and the draft, logits at each."""
@@ -148,5 +150,6 @@ class StepOutputs:
     sampled_reqs: list[Req] = field(default_factory=list)  # requests that reached their last prompt token
     generating: list[Req] = field(default_factory=list)  # of those, the ones that sample a token (ready ones last)
     drafts: list[tuple[Req, list[int]]] = field(default_factory=list)  # decodes verifying drafts
+    pooled: list[tuple[Req, PooledRows]] = field(default_factory=list)  # pooling requests' rows (sampling/pooling.py)
     # Rows of `result`: one per generating request, then 1 + len(draft) per drafting one.
     result: PendingSample | None = None

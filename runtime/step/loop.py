@@ -176,11 +176,11 @@ class EngineLoop:
         previous = self._inflight
         with self._timed("launch"), self.timings.device_work() if self.timings else nullcontext():
             # (a step of ready requests only, whose prompts were all cached with their logits, has no forward)
-            logits, layout = (self.runner.run(plan.entries, previous.sampled_ids if previous else None)
-                              if plan.entries else (None, None))
+            logits, layout, hidden = (self.runner.run(plan.entries, previous.sampled_ids if previous else None)
+                                      if plan.entries else (None, None, None))
             if previous is not None and any(_needs_host_state(r) for r in plan.reqs):
                 self._complete_inflight()  # a grammar or penalty must see the previous token first
-            outputs = self.sampling.sample(plan, layout, logits)
+            outputs = self.sampling.sample(plan, layout, logits, hidden)
         self.output.advance(plan, outputs)
         return LaunchedStep(plan, outputs)
 

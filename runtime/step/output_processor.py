@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from runtime.kv import KVManager
 from runtime.output import Logprobs, Output
+from runtime.sampling.pooling import finish_pooled
 from runtime.sampling.sampler import SampleResult
 from runtime.sampling.speculative import accepted
 from runtime.step.contract import StepOutputs, StepPlan
@@ -50,6 +51,11 @@ class OutputProcessor:
         """
         for req, values, tops in out.prompt_logprobs:
             self._apply_prompt_logprobs(req, values, tops)
+        for req, rows in out.pooled:
+            if req.state is ReqState.RUNNING:
+                req.pool_state.add(rows)
+                if rows.last:
+                    req.pooled = finish_pooled(req.pooling, req.pool_state, rows)  # type: ignore[arg-type]
         finished_prefill = [r for r in out.sampled_reqs if not r.output_ids]
         if out.result is not None:
             r = out.result.result()
@@ -60,7 +66,9 @@ class OutputProcessor:
                 self._append(req, r.token_ids[j], r.logprobs[j], r.top_logprobs[j])
             self._verify_drafts(out, r, len(out.generating))
         for req in out.sampled_reqs:
-            if req.params.max_new_tokens == 0:
+            if req.pooled is not None:
+                self.finish(req, "stop")  # an embedding or a score: its result is in
+            elif req.params.max_new_tokens == 0:
                 self.finish(req, "length")  # prefill only (e.g. warming a shared prefix)
             elif req.state is ReqState.RUNNING and req in finished_prefill:
                 self.kv.cache_unfinished(req)  # others with this prompt hit it from now on

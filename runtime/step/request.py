@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from runtime.output import Logprobs, Output
+from runtime.sampling.pooling import PoolingParams, PoolState
 from runtime.sampling_params import SamplingParams
 from runtime.text.detokenizer import IncrementalDetokenizer
 
@@ -52,6 +53,11 @@ class Req:
     logprobs: Logprobs | None = None
     prompt_logprobs_done: bool = False  # every requested prompt position has been scored
     retractions: int = 0
+    # A pooling request (runtime/sampling/pooling.py): returns `pooled` (an embedding or chosen
+    # logits) instead of tokens; `pool_state` sums its chunks' hidden states for mean pooling.
+    pooling: PoolingParams | None = None
+    pool_state: PoolState = field(default_factory=PoolState)
+    pooled: list[float] | None = None
 
     @property
     def all_ids(self) -> list[int]:
@@ -87,6 +93,8 @@ class Req:
     def max_prefix_match(self) -> int:
         """Cached prefix we may use: leave one token to compute, and every prompt-logprob position."""
         limit = self.seq_len - 1
+        if self.pooling is not None and self.pooling.whole_prompt:
+            return 0  # mean pooling reads every position's hidden state: none may come from the cache
         if self.wants_prompt_logprobs():
             # logits of position logprob_start_len - 1 score the first requested prompt token
             limit = min(limit, max(self.params.logprob_start_len - 1, 0))
@@ -106,4 +114,6 @@ class Req:
             delta_text=delta,
             matched_stop=self.matched_stop,
             error=self.error,
+            embedding=self.pooled if self.pooling is not None and self.pooling.kind == "embed" else None,
+            token_logits=self.pooled if self.pooling is not None and self.pooling.kind == "next_token" else None,
         )

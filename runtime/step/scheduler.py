@@ -21,6 +21,7 @@ from radix import MatchResult
 from runtime.engine_args import EngineArgs
 from runtime.kv import KVManager
 from runtime.output import Logprobs
+from runtime.sampling.pooling import PoolState
 from runtime.sampling.speculative import SpeculativeConfig, may_speculate, propose
 from runtime.step.contract import StepPlan
 from runtime.step.request import Req, ReqState
@@ -236,6 +237,8 @@ class Scheduler:
         if not req.prompt_logprobs_done and req.logprobs is not None:
             req.logprobs.input_token_logprobs.clear()
             req.logprobs.input_top_logprobs.clear()
+        if req.pooling is not None:
+            req.pool_state = PoolState()  # its prompt computes again from its cached prefix
         self.counters.retractions += 1
         self.waiting.appendleft(req)
 
