@@ -16,6 +16,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime import Engine
+from server.anthropic import errors as anthropic_errors
+from server.anthropic import routes as anthropic_api
 from server.cache_view import routes as cache_api
 from server.common.errors import APIError, error_response
 from server.common.state import ServerSettings, ServerState
@@ -30,22 +32,33 @@ OPEN_PATHS = {"/health"}
 
 
 class APIKeyMiddleware:
-    """With --api-key, every route but /health needs `Authorization: Bearer <key>` (constant-time compare)."""
+    """With --api-key, every route but /health needs `Authorization: Bearer <key>` or, as Anthropic's
+    clients send it, `x-api-key: <key>` (constant-time compares)."""
 
     def __init__(self, app: ASGIApp, api_key: str | None) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.key = api_key.encode() if api_key else b""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.expected is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if not hmac.compare_digest(given, self.expected):
-            response = error_response(401, "missing or wrong API key (send Authorization: Bearer <key>)")
+        headers = dict(scope["headers"])
+        bearer = hmac.compare_digest(headers.get(b"authorization", b""), self.expected)
+        if not (hmac.compare_digest(headers.get(b"x-api-key", b""), self.key) or bearer):
+            message = "missing or wrong API key (send Authorization: Bearer <key>, or x-api-key: <key>)"
+            response = _error_in_shape(scope["path"], 401, message)
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+def _error_in_shape(path: str, status: int, message: str) -> Response:
+    """An error before any route ran, in the shape of the protocol the path belongs to."""
+    if path.startswith("/v1/messages"):
+        return anthropic_errors.error_response(status, message)
+    return error_response(status, message)
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
@@ -56,7 +69,7 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     message = "no such route" if exc.status_code == 404 else str(exc.detail)
-    return error_response(exc.status_code, f"{message}: {request.method} {request.url.path}")
+    return _error_in_shape(request.url.path, exc.status_code, f"{message}: {request.method} {request.url.path}")
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
@@ -89,6 +102,8 @@ def build_app(engine: Engine, settings: ServerSettings | None = None,
         Route("/v1/completions", openai_api.completions, methods=["POST"]),
         Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
         Route("/v1/models", openai_api.list_models, methods=["GET"]),
+        Route("/v1/messages", anthropic_api.messages, methods=["POST"]),  # Anthropic (server/anthropic/)
+        Route("/v1/messages/count_tokens", anthropic_api.count_tokens, methods=["POST"]),
         Route("/v1/responses", responses_api.create_response, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses_api.get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses_api.delete_response, methods=["DELETE"]),
