@@ -1,14 +1,14 @@
 """Structured output on the OpenAI routes: `response_format`, `tools` + `tool_choice`, and SGLang's
-`regex` / `ebnf` extensions, turned into one engine constraint (runtime/sampling/grammar.py); and tool
-calls shaped back into OpenAI's `tool_calls`.
+`regex` / `ebnf` extensions, turned into one engine constraint (runtime/sampling/grammar.py).
 
 - `response_format`: `text` (no constraint), `json_object` (an object), `json_schema` (its
   `schema`; `strict` is how we always decode: the schema's own rules, no extra properties).
 - `tools` with `tool_choice` naming a function: the output is that function's arguments, as JSON
-  constrained to its `parameters` schema. `"required"`: a JSON object naming one of the tools and
-  its arguments. `"none"`: plain text. `"auto"` (the default when tools are given): the text is
-  free and the model's own tool-call format is parsed out of it (server/parsers/tools/); the
-  chat pipeline adds the structural tag that holds a started call to the tools' schemas.
+  constrained to its `parameters` schema. `"required"`: a JSON list of one or more objects,
+  each naming one of the tools and its arguments (one only when `parallel_tool_calls` is
+  false). `"none"`: plain text. `"auto"` (the default when tools are given): the text is free
+  and the model's own tool-call format is parsed out of it (server/parsers/tools/); the chat
+  pipeline adds the structural tag that holds a started call to the tools' schemas.
 - `strict: true` on a function: objects in its schema take no properties the schema does not
   name (additionalProperties false where the schema leaves it open), as OpenAI's strict mode.
 - Fields that would change the answer but are not implemented (`logit_bias`, the deprecated
@@ -18,12 +18,11 @@ calls shaped back into OpenAI's `tool_calls`.
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass
 
 from server.common.errors import APIError
 from server.parsers.tools import ToolSpec
-from server.pipeline.request import ChatCompletionRequest, SamplingFields, Tool, ToolCall, ToolCallFunction
+from server.pipeline.request import ChatCompletionRequest, SamplingFields, Tool
 
 
 @dataclass
@@ -107,10 +106,7 @@ def _tools(body: ChatCompletionRequest) -> Constraint:
     if choice == "auto":
         return Constraint({}, tool="auto")
     if choice == "required":
-        options = [{"type": "object", "properties": {"name": {"const": t.function.name},
-                                                     "arguments": _parameters(t)},
-                    "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
-        schema = options[0] if len(options) == 1 else {"anyOf": options}
+        schema = required_calls_schema(tools, parallel=body.parallel_tool_calls is not False)
         return Constraint({"json_schema": json.dumps(schema)}, tool="required")
     if isinstance(choice, str):
         raise APIError(400, f"tool_choice must be none, auto, required or a named function, got {choice!r}",
@@ -120,6 +116,40 @@ def _tools(body: ChatCompletionRequest) -> Constraint:
                        "tool_choice")
     tool = tools[names.index(choice.function.name)]
     return Constraint({"json_schema": json.dumps(_parameters(tool))}, tool="named", function=tool.function.name)
+
+
+def required_calls_schema(tools: list[Tool], parallel: bool = True) -> dict:
+    """tool_choice "required": a JSON list of one call or more (one when not parallel), each
+    `{"name": ..., "arguments": ...}` of one of the tools. Each tool's parameters schema moves
+    whole under the root's `$defs` and its local references (`#/$defs/X`, `#`, any `#/...`)
+    are rewritten to point there, since a reference resolves from the root of the schema it
+    sits in, and that root is now this list."""
+    defs: dict[str, object] = {}
+    options = []
+    for i, tool in enumerate(tools):
+        key = f"tool{i}_parameters"
+        defs[key] = _rebased(_parameters(tool), f"#/$defs/{key}")
+        options.append({"type": "object", "properties": {"name": {"const": tool.function.name},
+                                                         "arguments": {"$ref": f"#/$defs/{key}"}},
+                        "required": ["name", "arguments"], "additionalProperties": False})
+    item = options[0] if len(options) == 1 else {"anyOf": options}
+    schema: dict[str, object] = {"type": "array", "items": item, "minItems": 1, "$defs": defs}
+    if not parallel:
+        schema["maxItems"] = 1
+    return schema
+
+
+def _rebased(schema: object, root: str) -> object:
+    """The schema with every local `$ref` ("#..." JSON pointer) moved under `root`."""
+    if isinstance(schema, list):
+        return [_rebased(s, root) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _rebased(v, root) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        out["$ref"] = root + ref[1:]
+    return out
 
 
 def _parameters(tool: Tool) -> dict:
@@ -142,19 +172,6 @@ def _closed(schema: object) -> object:
 def tool_specs(body: ChatCompletionRequest) -> list[ToolSpec]:
     """The request's tools as the parsers and the grammar take them (strict applied)."""
     return [ToolSpec(t.function.name, _parameters(t)) for t in body.tools or []]
-
-
-def tool_calls(constraint: Constraint, text: str) -> list[ToolCall] | None:
-    """The tool call the constrained output spells, or None when it is not complete JSON (cut short)."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if constraint.tool == "named":
-        name, arguments = constraint.function, value
-    else:
-        name, arguments = value["name"], value["arguments"]
-    return [ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=ToolCallFunction(name, json.dumps(arguments)))]
 
 
 def chat_tools(body: ChatCompletionRequest) -> list[dict[str, object]] | None:

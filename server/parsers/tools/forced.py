@@ -2,7 +2,8 @@
 tool_choice auto existed, and whatever the model's own format), so these read it as one, with
 arguments streamed as generated like any other call.
 
-- required: `{"name": "f", "arguments": {...}}`
+- required: `[{"name": "f", "arguments": {...}}, ...]`, one call or more (parallel calls, as
+  OpenAI, vLLM and SGLang allow; exactly one when parallel_tool_calls is false)
 - named: the output is the arguments object itself; the name is the one the request chose.
 """
 
@@ -10,23 +11,19 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from server.parsers.tools.base import PENDING, Block, CallDraft, ToolParser, ToolSpec
-from server.parsers.tools.json_calls import read_call
+from server.parsers.tools.base import Block, CallDraft, ToolParser, ToolSpec
+from server.parsers.tools.json_calls import read_calls
 from server.parsers.tools.json_scan import Incomplete, Invalid, skip_ws, value_end
 
 
 class RequiredParser(ToolParser):
     name: ClassVar[str] = "required"
-    opening: ClassVar[str] = r"\A[ \t\n\r]*\{"
-    trigger: ClassVar[str] = "{"
+    opening: ClassVar[str] = r"\A[ \t\n\r]*\["
+    trigger: ClassVar[str] = "["
     constrained: ClassVar[bool] = False  # constrained by structured.py's JSON schema instead
 
     def read_block(self, text: str, start: int, final: bool) -> Block | str | None:
-        found = read_call(text, skip_ws(text, start), self.known, final)
-        if found is None or found == PENDING:
-            return found
-        call, end = found  # type: ignore[misc]
-        return Block([call], end)
+        return read_calls(text, skip_ws(text, start), self.known, final)
 
 
 class NamedParser(ToolParser):

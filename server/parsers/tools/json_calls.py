@@ -1,12 +1,12 @@
-"""Reading one JSON call object ({"name": ..., "arguments": {...}}) as far as the text goes: the
-part the JSON formats (hermes, Llama 3, Mistral) share."""
+"""Reading one JSON call object ({"name": ..., "arguments": {...}}), or a JSON list of them, as far
+as the text goes: the part the JSON formats (hermes, Llama 3, Mistral, tool_choice required) share."""
 
 from __future__ import annotations
 
 import json
 
-from server.parsers.tools.base import PENDING, CallDraft
-from server.parsers.tools.json_scan import ObjectScan, scan_object
+from server.parsers.tools.base import PENDING, Block, CallDraft
+from server.parsers.tools.json_scan import ObjectScan, scan_object, skip_ws
 
 ARGUMENT_KEYS = ("arguments", "parameters")  # Qwen/hermes and Mistral say arguments, Llama 3 parameters
 
@@ -43,3 +43,32 @@ def read_call(text: str, start: int, known: object, final: bool) -> tuple[CallDr
         return CallDraft(name, "", False), scan.error
     stop = scan.error if scan.error is not None else len(text)
     return CallDraft(name, text[args.start:stop], False), scan.error
+
+
+def read_calls(text: str, i: int, known: object, final: bool) -> Block | str | None:
+    """The JSON list of call objects at text[i] == "[": the calls read so far and where the list
+    ends (PENDING before the first call's name is known; None when it holds no call)."""
+    calls: list[CallDraft] = []
+    i = skip_ws(text, i + 1)
+    while True:
+        if i >= len(text):
+            return Block(calls, None) if calls else PENDING
+        if text[i] != "{":
+            return Block(calls, i) if calls else None
+        found = read_call(text, i, known, final)
+        if found is None:
+            return Block(calls, i) if calls else None
+        if found == PENDING:
+            return Block(calls, None if not final else i) if calls else PENDING
+        call, end = found  # type: ignore[misc]
+        calls.append(call)
+        if end is None or not call.complete:
+            return Block(calls, end)
+        j = skip_ws(text, end)
+        if j >= len(text):
+            return Block(calls, len(text) if final else None)
+        if text[j] == "]":
+            return Block(calls, j + 1)
+        if text[j] != ",":
+            return Block(calls, end)
+        i = skip_ws(text, j + 1)

@@ -8,7 +8,7 @@ import re
 from typing import ClassVar
 
 from server.parsers.tools.base import PENDING, Block, CallDraft, ToolParser, ToolSpec
-from server.parsers.tools.json_calls import read_call
+from server.parsers.tools.json_calls import read_call, read_calls
 from server.parsers.tools.json_scan import Incomplete, Invalid, skip_ws, value_end
 
 MARKER, ARGS = "[TOOL_CALLS]", "[ARGS]"
@@ -35,34 +35,8 @@ class MistralParser(ToolParser):
             call, end = found  # type: ignore[misc]
             return Block([call], end)
         if text[i] == "[":
-            return self._array(text, i, final)
+            return read_calls(text, i, self.known, final)
         return self._v11(text, i, final)
-
-    def _array(self, text: str, i: int, final: bool) -> Block | str | None:
-        calls: list[CallDraft] = []
-        i = skip_ws(text, i + 1)
-        while True:
-            if i >= len(text):
-                return Block(calls, None) if calls else PENDING
-            if text[i] != "{":
-                return Block(calls, i) if calls else None
-            found = read_call(text, i, self.known, final)
-            if found is None:
-                return Block(calls, i) if calls else None
-            if found == PENDING:
-                return Block(calls, None if not final else i) if calls else PENDING
-            call, end = found  # type: ignore[misc]
-            calls.append(call)
-            if end is None or not call.complete:
-                return Block(calls, end)
-            j = skip_ws(text, end)
-            if j >= len(text):
-                return Block(calls, len(text) if final else None)
-            if text[j] == "]":
-                return Block(calls, j + 1)
-            if text[j] != ",":
-                return Block(calls, end)
-            i = skip_ws(text, j + 1)
 
     def _v11(self, text: str, i: int, final: bool) -> Block | str | None:
         name_end = _NAME.match(text, i).end()  # type: ignore[union-attr]

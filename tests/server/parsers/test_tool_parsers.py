@@ -167,8 +167,10 @@ def test_a_call_the_prompt_opened() -> None:
 @settings(max_examples=60, deadline=None)
 @given(arguments, st.lists(st.integers(0, 500), max_size=6))
 def test_required_and_named_stream_like_the_rest(args: dict, points: list[int]) -> None:
-    text = json.dumps({"name": "add", "arguments": args})
+    text = json.dumps([{"name": "add", "arguments": args}])
     assert streamed(RequiredParser(TOOLS), cut(text, points)) == ("", [("add", json.dumps(args))])
+    two = json.dumps([{"name": "add", "arguments": args}, {"name": "add", "arguments": {}}])  # parallel calls
+    assert streamed(RequiredParser(TOOLS), cut(two, points)) == ("", [("add", json.dumps(args)), ("add", "{}")])
     assert streamed(NamedParser("add", TOOLS), cut(json.dumps(args), points)) == ("", [("add", json.dumps(args))])
 
 
