@@ -23,6 +23,7 @@ from server.common.errors import APIError, error_response
 from server.common.state import ServerSettings, ServerState
 from server.openai import routes as openai_api
 from server.openapi import openapi_document
+from server.pooling import routes as pooling_api
 from server.responses import routes as responses_api
 from server.responses.store import ResponseStore
 from server.sglang import routes as native_api
@@ -102,6 +103,10 @@ def build_app(engine: Engine, settings: ServerSettings | None = None,
         Route("/v1/completions", openai_api.completions, methods=["POST"]),
         Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
         Route("/v1/models", openai_api.list_models, methods=["GET"]),
+        Route("/v1/embeddings", pooling_api.embeddings, methods=["POST"]),
+        Route("/v1/rerank", pooling_api.rerank, methods=["POST"]),
+        Route("/rerank", pooling_api.rerank, methods=["POST"]),  # Jina's and vLLM's path without /v1
+        Route("/v1/score", pooling_api.score, methods=["POST"]),
         Route("/v1/messages", anthropic_api.messages, methods=["POST"]),  # Anthropic (server/anthropic/)
         Route("/v1/messages/count_tokens", anthropic_api.count_tokens, methods=["POST"]),
         Route("/v1/responses", responses_api.create_response, methods=["POST"]),

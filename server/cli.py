@@ -11,6 +11,7 @@ import typing
 
 from runtime.engine_args import EngineArgs
 from server.common.state import DEFAULT_MAX_BODY_BYTES, ServerSettings
+from server.pooling.rerank import DEFAULT_INSTRUCTION, DEFAULT_TOKENS, QWEN3_RERANKER_TEMPLATE
 
 # Flags named as SGLang and vLLM users expect, where our field name differs.
 RENAMED = {"enable_prefix_cache": "--disable-radix-cache"}
@@ -59,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--responses-ttl", type=float, default=600.0, metavar="SECONDS",
                         help="how long a stored response, and its conversation pinned in the prefix cache, is kept "
                              "(default: 600)")
+    server.add_argument("--rerank-template", default=QWEN3_RERANKER_TEMPLATE, metavar="TEXT",
+                        help="the reranker's prompt for /v1/rerank and /v1/score, with {instruction}, {query} and "
+                             "{document} (default: Qwen3-Reranker's)")
+    server.add_argument("--rerank-instruction", default=DEFAULT_INSTRUCTION, metavar="TEXT",
+                        help="the task line a rerank request does not give itself (default: Qwen3-Reranker's)")
+    server.add_argument("--rerank-tokens", default=DEFAULT_TOKENS, metavar="YES,NO",
+                        help="the two next tokens a reranker judges by, the relevant one first (default: yes,no)")
     return parser
 
 

@@ -10,6 +10,7 @@ import msgspec
 from server.common.errors import ErrorResponse
 from server.openai import protocol as p
 from server.pipeline.request import ChatCompletionRequest
+from server.pooling import protocol as pp
 from server.responses import protocol as rp
 from server.responses import schema as rs
 from server.sglang import protocol as sg
@@ -19,6 +20,9 @@ ROUTES: list[tuple[str, str, type | None, type | None, str]] = [
     ("post", "/v1/completions", p.CompletionRequest, p.CompletionResponse, "Create a completion"),
     ("post", "/v1/chat/completions", ChatCompletionRequest, p.ChatCompletionResponse, "Create a chat completion"),
     ("get", "/v1/models", None, p.ModelList, "List served models"),
+    ("post", "/v1/embeddings", pp.EmbeddingRequest, pp.EmbeddingResponse, "Create embeddings"),
+    ("post", "/v1/rerank", pp.RerankRequest, pp.RerankResponse, "Rerank documents for a query (Cohere/Jina shape)"),
+    ("post", "/v1/score", pp.ScoreRequest, pp.ScoreResponse, "Score text pairs with the reranker (vLLM shape)"),
     ("post", "/v1/responses", rp.ResponsesRequest, rs.ResponseObject, "Create a response (OpenAI Responses API)"),
     ("get", "/v1/responses/{response_id}", None, rs.ResponseObject, "A stored response"),
     ("delete", "/v1/responses/{response_id}", None, rs.ResponseDeleted, "Delete a stored response"),

@@ -185,8 +185,11 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.fits(entries):
             return (*self.graphs.run(entries, future_ids), None)
         packed = HostBatch.pack(entries, self.table)
-        logits, hidden = self.forward_hidden(ForwardBatch.upload(packed, self.table, future_ids))
-        return logits, packed, hidden if any(e.keep_hidden for e in entries) else None
+        batch = ForwardBatch.upload(packed, self.table, future_ids)
+        if any(e.keep_hidden for e in entries):  # a pooling request reads the hidden states themselves
+            logits, hidden = self.forward_hidden(batch)
+            return logits, packed, hidden
+        return self.forward(batch), packed, None
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Float32 logits [rows, vocab] on the device for the rows the batch asks for."""

@@ -15,6 +15,7 @@ from runtime import Engine
 from runtime.loading.builtin_models import builtin_model
 from server.common.errors import APIError
 from server.common.metrics import Metrics
+from server.pooling.rerank import DEFAULT_INSTRUCTION, DEFAULT_TOKENS, QWEN3_RERANKER_TEMPLATE, Reranker
 
 logger = logging.getLogger("radixserve.server")
 T = TypeVar("T")
@@ -37,6 +38,10 @@ class ServerSettings:
     # and for how long (seconds); their conversations stay pinned in the prefix cache as long.
     responses_store_size: int = 1024
     responses_ttl: float = 600.0
+    # /v1/rerank and /v1/score (server/pooling/rerank.py): the reranker's prompt and its two judging tokens.
+    rerank_template: str = QWEN3_RERANKER_TEMPLATE
+    rerank_instruction: str = DEFAULT_INSTRUCTION
+    rerank_tokens: str = DEFAULT_TOKENS
 
 
 @dataclass
@@ -51,6 +56,8 @@ class ServerState:
         self.metrics = Metrics(self.engine, self.served_model_name)
         self._token_text = lru_cache(maxsize=65536)(self._decode_token)
         self.tool_call_parser, self.reasoning_parser = resolve_parsers(self.engine, self.settings)
+        s = self.settings
+        self.reranker = Reranker(s.rerank_template, s.rerank_instruction, s.rerank_tokens)
 
     @property
     def parser_info(self) -> dict[str, object]:

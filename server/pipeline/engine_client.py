@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from runtime import Engine, Output, QueueFullError, SamplingParams
+from runtime import Engine, Output, PoolingParams, QueueFullError, SamplingParams
 from server.common.errors import APIError, bad_request
 from server.common.metrics import Metrics
 
@@ -27,11 +27,12 @@ class Timing:
 
 async def run_request(engine: Engine, metrics: Metrics, input_ids: Sequence[int], params: SamplingParams,
                       rid: str | None = None, cache_salt: str | None = None,
-                      stream: bool = False) -> AsyncIterator[Output]:
+                      stream: bool = False, pooling: PoolingParams | None = None) -> AsyncIterator[Output]:
     timing = Timing()
     # Engine.outputs submits on its first step and aborts every sample still running when it is
     # closed early (a client gone), so their KV comes back.
-    async with aclosing(engine.outputs(input_ids, params, rid=rid, cache_salt=cache_salt, stream=stream)) as outputs:
+    async with aclosing(engine.outputs(input_ids, params, rid=rid, cache_salt=cache_salt, stream=stream,
+                                       pooling=pooling)) as outputs:
         try:
             first = await anext(outputs, None)
         except QueueFullError as exc:
@@ -55,9 +56,12 @@ async def run_request(engine: Engine, metrics: Metrics, input_ids: Sequence[int]
 
 
 async def collect(engine: Engine, metrics: Metrics, input_ids: Sequence[int], params: SamplingParams,
-                  rid: str | None = None, cache_salt: str | None = None) -> list[Output]:
-    """Run to completion; the n finished Outputs ordered by sample index."""
-    finals = [out async for out in run_request(engine, metrics, input_ids, params, rid, cache_salt) if out.finished]
+                  rid: str | None = None, cache_salt: str | None = None,
+                  pooling: PoolingParams | None = None) -> list[Output]:
+    """Run to completion; the n finished Outputs ordered by sample index (with `pooling`: the one
+    Output carrying an embedding or chosen logits, runtime/sampling/pooling.py)."""
+    finals = [out async for out in run_request(engine, metrics, input_ids, params, rid, cache_salt, pooling=pooling)
+              if out.finished]
     for out in finals:
         if out.error:
             raise APIError(500, out.error)

@@ -68,6 +68,14 @@ BAD_BODIES: list[tuple[str, object]] = [
     ("/generate", {}),
     ("/generate", {"text": "x", "unknown_field": 1}),
     ("/abort_request", {}),
+    ("/v1/embeddings", {}),
+    ("/v1/embeddings", {"input": [[]]}),
+    ("/v1/embeddings", {"input": [[1, -4]]}),
+    ("/v1/embeddings", {"input": "word " * 400}),  # longer than the 256-token context
+    ("/v1/embeddings", {"input": "x", "dimensions": 10**9}),
+    ("/v1/rerank", {"query": "q"}),
+    ("/v1/rerank", {"query": "q", "documents": [{"txt": "d"}]}),
+    ("/v1/score", {"text_1": [], "text_2": []}),
 ]
 
 
