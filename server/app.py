@@ -103,6 +103,7 @@ def build_app(engine: Engine, settings: ServerSettings | None = None,
         Route("/v1/completions", openai_api.completions, methods=["POST"]),
         Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
         Route("/v1/models", openai_api.list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", openai_api.retrieve_model, methods=["GET"]),
         Route("/v1/embeddings", pooling_api.embeddings, methods=["POST"]),
         Route("/v1/rerank", pooling_api.rerank, methods=["POST"]),
         Route("/rerank", pooling_api.rerank, methods=["POST"]),  # Jina's and vLLM's path without /v1
