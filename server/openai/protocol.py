@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import msgspec
 
-from server.pipeline.request import AssistantMessage, DeltaMessage, SamplingFields
+from server.pipeline.request import AssistantMessage, DeltaMessage, DeltaToolCall, SamplingFields
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
     prompt: str | list[str | int | list[int]]  # a text, token ids, or a batch of either
     logprobs: int | None = None
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    echo: bool = False  # the prompt (and with logprobs, its tokens' logprobs) before the completion
+    suffix: str | None = None  # refused: no fill-in-the-middle
+    best_of: int | None = None  # best_of samples, the n with the highest summed logprob returned
 
 
 class PromptTokensDetails(msgspec.Struct):
@@ -39,6 +39,10 @@ class CompletionChoice(msgspec.Struct):
     text: str
     finish_reason: str | None
     logprobs: CompletionLogprobs | None = None
+    # What ended the text: SGLang's matched_stop (a stop string or regex, or the stop or EOS
+    # token id) and vLLM's stop_reason (the same, but null for EOS: only what the request asked).
+    matched_stop: str | int | None = None
+    stop_reason: str | int | None = None
 
 
 class CompletionResponse(msgspec.Struct):
@@ -72,6 +76,10 @@ class ChatChoice(msgspec.Struct):
     message: AssistantMessage
     finish_reason: str | None
     logprobs: ChoiceLogprobs | None = None
+    # What ended the text: SGLang's matched_stop (a stop string or regex, or the stop or EOS
+    # token id) and vLLM's stop_reason (the same, but null for EOS: only what the request asked).
+    matched_stop: str | int | None = None
+    stop_reason: str | int | None = None
 
 
 class ChatCompletionResponse(msgspec.Struct):
@@ -83,11 +91,28 @@ class ChatCompletionResponse(msgspec.Struct):
     object: str = "chat.completion"
 
 
+class ChatDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A streamed chat delta on the wire: `reasoning_content` always there (null when none), as
+    vLLM and SGLang send it, so clients that read the attribute find it; the rest as OpenAI."""
+
+    role: str | None = None
+    content: str | None = None
+    reasoning_content: str | None
+    tool_calls: list[DeltaToolCall] | None = None
+
+    @classmethod
+    def of(cls, delta: DeltaMessage) -> ChatDelta:
+        return cls(role=delta.role, content=delta.content, reasoning_content=delta.reasoning_content,
+                   tool_calls=delta.tool_calls)
+
+
 class ChatDeltaChoice(msgspec.Struct):
     index: int
-    delta: DeltaMessage
+    delta: ChatDelta
     finish_reason: str | None = None
     logprobs: ChoiceLogprobs | None = None
+    matched_stop: str | int | None = None
+    stop_reason: str | int | None = None
 
 
 class ChatCompletionChunk(msgspec.Struct):

@@ -1,4 +1,5 @@
-"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions (both streaming) and /v1/models."""
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions (both streaming), /v1/models and
+/v1/models/{model}."""
 
 from __future__ import annotations
 
@@ -19,19 +20,18 @@ from server.openai.protocol import (
     ChatChoice,
     ChatCompletionChunk,
     ChatCompletionResponse,
+    ChatDelta,
     ChatDeltaChoice,
-    ChoiceLogprobs,
     CompletionChoice,
-    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     ModelCard,
     ModelList,
     PromptTokensDetails,
-    TokenLogprobEntry,
-    TopLogprob,
     Usage,
 )
+from server.openai.logprobs import LogprobCursor, chat_logprobs, completion_logprobs, entries
+from server.openai.stops import asked_stops, stop_fields
 from server.pipeline.chat import (
     ChatPlan,
     ChoiceStream,
@@ -100,10 +100,21 @@ async def merged(streams: list[AsyncIterator[Output]]) -> AsyncIterator[tuple[in
 # -- /v1/models -----------------------------------------------------------------------------------------
 
 
+def _card(state: ServerState) -> ModelCard:
+    return ModelCard(id=state.served_model_name, created=state.started, max_model_len=state.engine.context_len)
+
+
 async def list_models(request: Request) -> Response:
+    return json_response(ModelList(data=[_card(request.app.state.radix)]))
+
+
+async def retrieve_model(request: Request) -> Response:
+    """GET /v1/models/{model} (the openai SDK's models.retrieve): the card, under any served name."""
     state: ServerState = request.app.state.radix
-    card = ModelCard(id=state.served_model_name, created=state.started, max_model_len=state.engine.context_len)
-    return json_response(ModelList(data=[card]))
+    name = request.path_params["model"]
+    if name not in state.model_names:
+        raise APIError(404, f"The model {name!r} does not exist; available: {state.served_model_name!r}", "model")
+    return json_response(msgspec.structs.replace(_card(state), id=name))
 
 
 # -- /v1/completions ------------------------------------------------------------------------------------
@@ -121,22 +132,43 @@ def prompt_list(prompt: str | list) -> list[str | list[int]]:
     return list(prompt)
 
 
+def _check_completion(body: CompletionRequest) -> int:
+    """Refuse what we do not do (naming the field); the number of samples to draw per prompt."""
+    if body.suffix is not None:
+        raise APIError(400, "suffix is not supported: no fill-in-the-middle prompt format is known for the "
+                            "served model; put the text after the gap in the prompt instead", "suffix")
+    if body.logprobs is not None and not 0 <= body.logprobs <= MAX_COMPLETION_LOGPROBS:
+        raise APIError(400, f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}]", "logprobs")
+    best_of = body.n if body.best_of is None else body.best_of
+    if best_of < body.n:
+        raise APIError(400, f"best_of must be >= n ({body.n}), got {best_of}", "best_of")
+    if best_of > body.n and body.stream:
+        raise APIError(400, "best_of cannot be streamed (the best samples are known only at the end)", "best_of")
+    return best_of
+
+
 async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.radix
     body = decode_body(await state.read_body(request), CompletionRequest)
     check_model(state, body.model)
-    if body.echo or body.suffix is not None or (body.best_of or 1) > 1:
-        raise APIError(400, "echo, suffix and best_of are not supported", "echo")
-    if body.logprobs is not None and not 0 <= body.logprobs <= MAX_COMPLETION_LOGPROBS:
-        raise APIError(400, f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}]", "logprobs")
+    best_of = _check_completion(body)
     engine = state.engine
     try:
-        prompts = [engine.encode(p) if isinstance(p, str) else list(p) for p in prompt_list(body.prompt)]
+        given = prompt_list(body.prompt)
+        prompts = [engine.encode(p) if isinstance(p, str) else list(p) for p in given]
     except ValueError as exc:
         raise bad_request(ValueError(f"prompt: {exc}")) from exc
-    params = sampling_params(body, default_max=16, top_logprobs=body.logprobs, constraint=constraint_for(body))
+    # echo with logprobs scores the prompt itself (how evaluation harnesses score choices): logprobs
+    # of every prompt position, so the cached prefix is recomputed up to its first token.
+    overrides: dict[str, object] = {"logprob_start_len": 0} if body.echo and body.logprobs is not None else {}
+    if best_of > body.n:
+        overrides["n"] = best_of  # ranked by their summed logprobs: asked for even when not returned
+    top = body.logprobs if body.logprobs is not None else (0 if best_of > body.n else None)
+    params = sampling_params(body, default_max=16, top_logprobs=top, constraint=constraint_for(body),
+                             overrides=overrides, min_tokens=0 if body.echo else 1)
     for ids in prompts:
         check_context(state, len(ids), body)
+    echoes = [_echo_text(state, p, ids) if body.echo else "" for p, ids in zip(given, prompts)]
     rid = f"cmpl-{uuid.uuid4().hex}"
     state.log_request(rid, body.prompt)
     # SGLang's `rid`: the engine's request id, so /abort_request can stop it (prompt i of several: rid.p<i>).
@@ -147,58 +179,72 @@ async def completions(request: Request) -> Response:
         streams = [PrimedStream(s) for s in streams]
         for stream in streams:  # submit now: bad input is a plain 400, not an error inside the event stream
             await stream.prime()
-        return StreamingResponse(sse(_completion_events(state, rid, body, params.n, streams)),
+        return StreamingResponse(sse(_completion_events(state, rid, body, echoes, streams)),
                                  media_type="text/event-stream")
     results = await asyncio.gather(*(collect(engine, state.metrics, ids, params, rid=r, cache_salt=body.cache_salt)
                                      for ids, r in zip(prompts, rids)))
+    asked = asked_stops(body)
     choices, outs, prompt_usage = [], [], []
     for p, group in enumerate(results):
         prompt_usage.append((group[0].prompt_tokens, group[0].cached_tokens))
-        for out in group:
-            outs.append(out)
-            choices.append(CompletionChoice(index=p * params.n + out.index, text=out.text,
-                                            finish_reason=out.finish_reason,
-                                            logprobs=_completion_logprobs(state, out) if body.logprobs is not None else None))
+        outs.extend(group)  # usage counts every sample drawn, best_of's unreturned ones too (as OpenAI)
+        for i, out in enumerate(_best(group, body.n)):
+            matched, reason = stop_fields(out, asked)
+            choices.append(CompletionChoice(
+                index=p * body.n + i, text=echoes[p] + out.text, finish_reason=out.finish_reason,
+                logprobs=completion_logprobs(state, entries(out, body.echo)) if body.logprobs is not None else None,
+                matched_stop=matched, stop_reason=reason))
     state.log_response(rid, [c.text for c in choices])
     return json_response(CompletionResponse(id=rid, created=int(time.time()), model=state.served_model_name,
                                             choices=choices, usage=usage(outs, prompt_usage)))
 
 
-async def _completion_events(state: ServerState, rid: str, body: CompletionRequest, n: int,
+def _echo_text(state: ServerState, given: str | list[int], ids: list[int]) -> str:
+    """The prompt as echoed: the text as sent, or token ids decoded."""
+    return given if isinstance(given, str) else state.engine.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _best(group: list[Output], n: int) -> list[Output]:
+    """best_of: the n samples with the highest summed logprob (all of them when best_of is n)."""
+    if len(group) <= n:
+        return group
+
+    def score(out: Output) -> float:
+        lp = out.logprobs
+        return sum(v for v, _ in lp.output_token_logprobs) if lp is not None else float("-inf")
+
+    return sorted(group, key=score, reverse=True)[:n]
+
+
+async def _completion_events(state: ServerState, rid: str, body: CompletionRequest, echoes: list[str],
                              streams: list[AsyncIterator[Output]]) -> AsyncIterator[bytes]:
     created = int(time.time())
     finals: list[Output] = []
     prompt_usage: dict[int, tuple[int, int]] = {}
+    cursors: dict[int, LogprobCursor] = {}
+    asked = asked_stops(body)
     async for p, out in merged(streams):
         if out.error:
             raise APIError(500, out.error)
         prompt_usage[p] = (out.prompt_tokens, out.cached_tokens)
         if out.finished:
             finals.append(out)
-        if not out.delta_text and not out.finished:
+        index = p * body.n + out.index
+        text = out.delta_text
+        if index not in cursors:  # the choice's first chunk: the echoed prompt leads it
+            cursors[index] = LogprobCursor()
+            text = echoes[p] + text
+        logprobs = cursors[index].take(state, out, body.echo) if body.logprobs is not None else None
+        if not text and not out.finished and not (logprobs is not None and logprobs.tokens):
             continue
-        choice = CompletionChoice(index=p * n + out.index, text=out.delta_text, finish_reason=out.finish_reason)
+        matched, reason = stop_fields(out, asked)
+        choice = CompletionChoice(index=index, text=text, finish_reason=out.finish_reason, logprobs=logprobs,
+                                  matched_stop=matched, stop_reason=reason)
         yield msgspec.json.encode(CompletionResponse(id=rid, created=created, model=state.served_model_name,
                                                      choices=[choice]))
     if body.stream_options is not None and body.stream_options.include_usage:
         yield msgspec.json.encode(CompletionResponse(id=rid, created=created, model=state.served_model_name,
                                                      choices=[], usage=usage(finals, list(prompt_usage.values()))))
-
-
-def _completion_logprobs(state: ServerState, out: Output) -> CompletionLogprobs:
-    lp = out.logprobs
-    entries = lp.output_token_logprobs if lp else []
-    tokens = [state.token_text(t) for _, t in entries]
-    offsets, pos = [], 0
-    for text in tokens:
-        offsets.append(pos)
-        pos += len(text)
-    tops: list[dict[str, float] | None] = []
-    for i in range(len(entries)):
-        top = lp.output_top_logprobs[i] if lp and i < len(lp.output_top_logprobs) else []
-        tops.append({state.token_text(t): v for v, t in top} if top else None)
-    return CompletionLogprobs(tokens=tokens, token_logprobs=[v for v, _ in entries], top_logprobs=tops,
-                              text_offset=offsets)
 
 
 # -- /v1/chat/completions -------------------------------------------------------------------------------
@@ -218,10 +264,13 @@ async def chat_completions(request: Request) -> Response:
         return StreamingResponse(sse(_chat_events(state, rid, body, stream, plan)), media_type="text/event-stream")
     outs = await run_chat(state, plan)
     choices = []
+    asked = asked_stops(body)
     for o in outs:
-        message, reason = final_message(plan, o)
-        choices.append(ChatChoice(index=o.index, message=message, finish_reason=reason,
-                                  logprobs=_chat_logprobs(state, o) if body.logprobs else None))
+        message, finish = final_message(plan, o)
+        matched, reason = stop_fields(o, asked)
+        choices.append(ChatChoice(index=o.index, message=message, finish_reason=finish,
+                                  logprobs=chat_logprobs(state, o) if body.logprobs else None,
+                                  matched_stop=matched, stop_reason=reason))
     state.log_response(rid, [o.text for o in outs])
     return json_response(ChatCompletionResponse(id=rid, created=int(time.time()), model=state.served_model_name,
                                                 choices=choices,
@@ -234,9 +283,13 @@ async def _chat_events(state: ServerState, rid: str, body: ChatCompletionRequest
     model = state.served_model_name
     choices: dict[int, ChoiceStream] = {}
     finals: list[Output] = []
+    asked = asked_stops(body)
 
-    def chunk(index: int, delta: DeltaMessage, reason: str | None = None) -> bytes:
-        choice = ChatDeltaChoice(index=index, delta=delta, finish_reason=reason)
+    def chunk(index: int, delta: DeltaMessage, final: Output | None = None) -> bytes:
+        choice = ChatDeltaChoice(index=index, delta=ChatDelta.of(delta))
+        if final is not None:
+            choice.finish_reason = choices[index].finish_reason(final)
+            choice.matched_stop, choice.stop_reason = stop_fields(final, asked)
         return msgspec.json.encode(ChatCompletionChunk(id=rid, created=created, model=model, choices=[choice]))
 
     async for out in stream:
@@ -250,20 +303,7 @@ async def _chat_events(state: ServerState, rid: str, body: ChatCompletionRequest
             yield chunk(out.index, delta)
         if out.finished:
             finals.append(out)
-            yield chunk(out.index, DeltaMessage(), parser.finish_reason(out))
+            yield chunk(out.index, DeltaMessage(), out)
     if body.stream_options is not None and body.stream_options.include_usage and finals:
         u = usage(finals, [(finals[0].prompt_tokens, finals[0].cached_tokens)])
         yield msgspec.json.encode(ChatCompletionChunk(id=rid, created=created, model=model, choices=[], usage=u))
-
-
-def _chat_logprobs(state: ServerState, out: Output) -> ChoiceLogprobs:
-    lp = out.logprobs
-    content = []
-    for i, (value, token) in enumerate(lp.output_token_logprobs if lp else []):
-        text = state.token_text(token)
-        top = lp.output_top_logprobs[i] if lp and i < len(lp.output_top_logprobs) else []
-        content.append(TokenLogprobEntry(token=text, logprob=value, bytes=list(text.encode()),
-                                         top_logprobs=[TopLogprob(state.token_text(t), v,
-                                                                  list(state.token_text(t).encode()))
-                                                       for v, t in top]))
-    return ChoiceLogprobs(content=content)

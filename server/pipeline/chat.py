@@ -69,7 +69,8 @@ class ChatPlan:
 
 def sampling_params(req: SamplingFields, default_max: int, extra_stop: Sequence[str] = (),
                     top_logprobs: int | None = None, constraint: Constraint | None = None,
-                    overrides: dict[str, object] | None = None) -> SamplingParams:
+                    overrides: dict[str, object] | None = None, min_tokens: int = 1) -> SamplingParams:
+    """`min_tokens`: the least max_tokens may be (0 where the prompt alone is the point: echo)."""
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     values: dict[str, object] = {
@@ -83,6 +84,8 @@ def sampling_params(req: SamplingFields, default_max: int, extra_stop: Sequence[
         "repetition_penalty": 1.0 if req.repetition_penalty is None else req.repetition_penalty,
         "stop": stop + [s for s in extra_stop if s not in stop],
         "stop_token_ids": list(req.stop_token_ids or []),
+        "stop_regex": [req.stop_regex] if isinstance(req.stop_regex, str) else list(req.stop_regex or []),
+        "no_stop_trim": req.no_stop_trim or req.include_stop_str_in_output,
         "ignore_eos": req.ignore_eos,
         "min_new_tokens": req.min_tokens,
         "n": req.n,
@@ -98,8 +101,8 @@ def sampling_params(req: SamplingFields, default_max: int, extra_stop: Sequence[
     except ValueError as exc:
         message = str(exc).replace("max_new_tokens", "max_tokens", 1)
         raise bad_request(ValueError(message)) from exc
-    if max_tokens is not None and max_tokens < 1:
-        raise APIError(400, f"max_tokens must be >= 1, got {max_tokens}", "max_tokens")
+    if max_tokens is not None and max_tokens < min_tokens:
+        raise APIError(400, f"max_tokens must be >= {min_tokens}, got {max_tokens}", "max_tokens")
     return params
 
 
@@ -120,7 +123,7 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest, top_logprobs: int
     tokenizer = engine.tokenizer
     constraint = constraint_for(body)
     try:
-        prompt = render_prompt(tokenizer, body, body.add_generation_prompt)
+        prompt = render_prompt(tokenizer, body, body.add_generation_prompt, body.continue_final_message)
         ids = tokenizer.encode_rendered(prompt)
     except ValueError as exc:
         raise bad_request(exc) from exc

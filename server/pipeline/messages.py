@@ -18,12 +18,37 @@ from server.pipeline.structured import chat_tools
 KNOWN_ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
-def render_prompt(tokenizer: Tokenizer, body: ChatCompletionRequest, add_generation_prompt: bool) -> str:
+def render_prompt(tokenizer: Tokenizer, body: ChatCompletionRequest, add_generation_prompt: bool,
+                  continue_final: bool = False) -> str:
     """The request's messages (and tools) through the model's chat template. ValueError: the
-    template refused them."""
+    template refused them. `continue_final`: the last message's turn is left open, ending at its
+    text, so the model goes on from it (vLLM's and SGLang's continue_final_message)."""
     renders_calls = "tool_calls" in (tokenizer.chat_template or "")
-    return tokenizer.apply_chat_template(chat_messages(body, renders_calls), add_generation_prompt,
-                                         chat_tools(body), body.chat_template_kwargs)
+    messages = chat_messages(body, renders_calls)
+    if continue_final and add_generation_prompt:
+        raise APIError(400, "continue_final_message continues the last message: send add_generation_prompt "
+                            "false with it", "continue_final_message")
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt, chat_tools(body), body.chat_template_kwargs)
+    return _open_final(prompt, messages[-1]) if continue_final else prompt
+
+
+def _open_final(prompt: str, final: dict[str, object]) -> str:
+    """The rendered prompt cut just after the final message's text (what the template writes to
+    close its turn goes). Templates may strip the text: the cut keeps whatever of its surrounding
+    whitespace the template wrote."""
+    text = final.get("content")
+    if not isinstance(text, str) or not text.strip():
+        raise APIError(400, "continue_final_message needs a final message with text to continue",
+                       "continue_final_message")
+    at = prompt.rfind(text.strip())
+    if at < 0:
+        raise APIError(400, "continue_final_message: the chat template does not show the final message's text "
+                            "as given, so it cannot be continued", "continue_final_message")
+    end = at + len(text.strip())
+    trailing = text[len(text.rstrip()):]
+    if trailing and prompt.startswith(trailing, end):
+        end += len(trailing)  # the template kept the text's own trailing whitespace: so do we
+    return prompt[:end]
 
 
 def chat_messages(body: ChatCompletionRequest, template_renders_calls: bool = False) -> list[dict[str, object]]:

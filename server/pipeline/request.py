@@ -53,6 +53,9 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     ignore_eos: bool = False
     min_tokens: int = 0  # vLLM's / SGLang's: no EOS, stop token or stop string before this many tokens
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None  # SGLang's: stop where the text matches one of these
+    no_stop_trim: bool = False  # SGLang's: keep the matched stop in the text
+    include_stop_str_in_output: bool = False  # vLLM's name for the same
     skip_special_tokens: bool = True
     cache_salt: str | None = None
     rid: str | None = None
@@ -125,6 +128,9 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    # vLLM / SGLang: the last (assistant) message is an unfinished prefix the model goes on from
+    # (its turn is left open: no end-of-turn, no new generation prompt).
+    continue_final_message: bool = False
     # vLLM / SGLang extensions: variables for the chat template (e.g. {"enable_thinking": false}),
     # and this request's tool-call / reasoning parser instead of the server's (a name or "none").
     chat_template_kwargs: dict[str, Any] | None = None
