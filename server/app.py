@@ -21,6 +21,8 @@ from server.anthropic import routes as anthropic_api
 from server.cache_view import routes as cache_api
 from server.common.errors import APIError, error_response
 from server.common.state import ServerSettings, ServerState
+from server.ollama import errors as ollama_errors
+from server.ollama import routes as ollama_api
 from server.openai import routes as openai_api
 from server.openapi import openapi_document
 from server.pooling import routes as pooling_api
@@ -59,6 +61,8 @@ def _error_in_shape(path: str, status: int, message: str) -> Response:
     """An error before any route ran, in the shape of the protocol the path belongs to."""
     if path.startswith("/v1/messages"):
         return anthropic_errors.error_response(status, message)
+    if path.startswith("/api/"):
+        return ollama_errors.error_response(status, message)
     return error_response(status, message)
 
 
@@ -111,6 +115,15 @@ def build_app(engine: Engine, settings: ServerSettings | None = None,
         Route("/v1/messages", anthropic_api.messages, methods=["POST"]),  # Anthropic (server/anthropic/)
         Route("/v1/messages/count_tokens", anthropic_api.count_tokens, methods=["POST"]),
         Route("/v1/responses", responses_api.create_response, methods=["POST"]),
+        Route("/api/chat", ollama_api.chat, methods=["POST"]),  # Ollama (server/ollama/)
+        Route("/api/generate", ollama_api.generate, methods=["POST"]),
+        Route("/api/tags", ollama_api.tags, methods=["GET"]),
+        Route("/api/show", ollama_api.show, methods=["POST"]),
+        Route("/api/ps", ollama_api.ps, methods=["GET"]),
+        Route("/api/version", ollama_api.version, methods=["GET"]),
+        *(Route(f"/api/{what}", ollama_api.manage, methods=["POST"]) for what in ("pull", "push", "create", "copy")),
+        Route("/api/delete", ollama_api.manage, methods=["DELETE"]),
+        Route("/api/blobs/{digest}", ollama_api.manage, methods=["POST", "HEAD"]),
         Route("/v1/responses/{response_id}", responses_api.get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses_api.delete_response, methods=["DELETE"]),
         Route("/generate", native_api.generate, methods=["POST"]),

@@ -83,7 +83,8 @@ def test_count_tokens_counts_the_prompt_a_message_would_run(server: RunningServe
     counted = client.messages.count_tokens(model="tiny", messages=ASK, system="be brief")
     msg = client.messages.create(model="tiny", max_tokens=2, messages=ASK, system="be brief")
     usage = msg.usage
-    assert counted.input_tokens == usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+    prompt = usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+    assert counted.input_tokens == prompt
 
 
 def test_cache_control_retains_and_usage_says_created_then_read(server: RunningServer) -> None:
@@ -136,7 +137,8 @@ def _error(resp: httpx.Response, status: int, kind: str) -> str:
     ({"max_tokens": 4, "messages": [{"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "toolu_nope", "content": "x"}]}]}, "messages[0].content[0].tool_use_id"),
     ({"max_tokens": 4, "messages": [*ASK, {"role": "assistant", "content": "prefill"}]}, "messages"),
-    ({"max_tokens": 4, "messages": ASK, "system": [{"type": "text", "text": "x", "cache_control": {"type": "lasting"}}]},
+    ({"max_tokens": 4, "messages": ASK,
+      "system": [{"type": "text", "text": "x", "cache_control": {"type": "lasting"}}]},
      "system[0].cache_control.type"),
     ({"max_tokens": 4, "messages": ASK, "thinking": {"type": "enabled", "budget_tokens": 9}}, "thinking.budget_tokens"),
     ({"max_tokens": 4, "messages": ASK, "tool_choice": {"type": "tool", "name": "missing"}}, "tool_choice.name"),

@@ -72,7 +72,8 @@ def test_thinking_comes_back_as_thinking_blocks(tools_server: RunningServer) -> 
     assert msg.content[0].type == "thinking" and msg.content[0].thinking  # a random model never closes </think>
     with client.messages.stream(model="tiny", max_tokens=8, messages=ASK, thinking=thinking,
                                 extra_body=greedy) as stream:
-        deltas = [e.delta.thinking for e in stream if e.type == "content_block_delta" and e.delta.type == "thinking_delta"]
+        deltas = [e.delta.thinking for e in stream
+                  if e.type == "content_block_delta" and e.delta.type == "thinking_delta"]
     assert "".join(deltas) == msg.content[0].thinking
     off = client.messages.create(model="tiny", max_tokens=4, messages=ASK, thinking={"type": "disabled"})
     assert all(b.type != "thinking" for b in off.content)
