@@ -16,6 +16,7 @@ from runtime import Output
 from server.common.errors import APIError, bad_request
 from server.common.state import ServerState, decode_body
 from server.common.wire import json_response, sse
+from server.openai.fields import COMPLETION_REFUSED
 from server.openai.protocol import (
     ChatChoice,
     ChatCompletionChunk,
@@ -43,6 +44,7 @@ from server.pipeline.chat import (
     stream_chat,
 )
 from server.pipeline.engine_client import PrimedStream, collect, run_request
+from server.pipeline.fields import refuse_set
 from server.pipeline.request import ChatCompletionRequest, DeltaMessage
 from server.pipeline.structured import constraint_for
 
@@ -134,9 +136,7 @@ def prompt_list(prompt: str | list) -> list[str | list[int]]:
 
 def _check_completion(body: CompletionRequest) -> int:
     """Refuse what we do not do (naming the field); the number of samples to draw per prompt."""
-    if body.suffix is not None:
-        raise APIError(400, "suffix is not supported: no fill-in-the-middle prompt format is known for the "
-                            "served model; put the text after the gap in the prompt instead", "suffix")
+    refuse_set(body, COMPLETION_REFUSED)
     if body.logprobs is not None and not 0 <= body.logprobs <= MAX_COMPLETION_LOGPROBS:
         raise APIError(400, f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}]", "logprobs")
     best_of = body.n if body.best_of is None else body.best_of

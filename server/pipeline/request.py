@@ -63,13 +63,23 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     response_format: ResponseFormat | None = None
     regex: str | None = None  # SGLang's extensions on its OpenAI routes
     ebnf: str | None = None
-    logit_bias: dict[str, float] | None = None  # refused: not implemented
-    functions: list[Any] | None = None  # refused: the deprecated form of tools
+    # Declared so they are sorted (server/pipeline/fields.py: ignored, or refused when set).
+    logit_bias: dict[str, float] | None = None
+    functions: list[Any] | None = None  # the deprecated form of tools
     function_call: Any = None
-    guided_json: Any = None  # refused: vLLM's old names; use response_format / regex / ebnf
+    guided_json: Any = None  # vLLM's old names; use response_format / regex / ebnf
     guided_regex: Any = None
     guided_grammar: Any = None
     guided_choice: Any = None
+    use_beam_search: Any = None
+    prompt_logprobs: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    truncate_prompt_tokens: Any = None
+    priority: Any = None
+    request_id: Any = None
+    lora_path: Any = None
+    return_hidden_states: Any = None
 
 
 class FunctionDef(msgspec.Struct, kw_only=True):
@@ -136,6 +146,22 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     chat_template_kwargs: dict[str, Any] | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    # Declared so they are sorted (server/pipeline/fields.py: ignored, or refused when set).
+    metadata: Any = None
+    store: Any = None
+    service_tier: Any = None
+    prompt_cache_key: Any = None
+    safety_identifier: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    modalities: Any = None
+    audio: Any = None
+    web_search_options: Any = None
+    separate_reasoning: Any = None
+    stream_reasoning: Any = None
+    chat_template: Any = None
+    documents: Any = None
 
 
 class AssistantMessage(msgspec.Struct):

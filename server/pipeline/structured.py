@@ -12,7 +12,8 @@
 - `strict: true` on a function: objects in its schema take no properties the schema does not
   name (additionalProperties false where the schema leaves it open), as OpenAI's strict mode.
 - Fields that would change the answer but are not implemented (`logit_bias`, the deprecated
-  `functions`, vLLM's `guided_*`) are a 400 naming the field, not silently ignored.
+  `functions`, vLLM's `guided_*`, ...: server/pipeline/fields.py) are a 400 naming the field,
+  not silently ignored.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from server.common.errors import APIError
 from server.parsers.tools import ToolSpec
+from server.pipeline.fields import REFUSED, refuse_set
 from server.pipeline.request import ChatCompletionRequest, SamplingFields, Tool
 
 
@@ -33,14 +35,7 @@ class Constraint:
 
 
 def refuse_unimplemented(body: SamplingFields) -> None:
-    if body.logit_bias:
-        raise APIError(400, "logit_bias is not supported", "logit_bias")
-    for name in ("functions", "function_call"):
-        if getattr(body, name) is not None:
-            raise APIError(400, f"{name} is not supported; use tools and tool_choice", name)
-    for name in ("guided_json", "guided_regex", "guided_grammar", "guided_choice"):
-        if getattr(body, name) is not None:
-            raise APIError(400, f"{name} is not supported; use response_format, regex or ebnf", name)
+    refuse_set(body, REFUSED)
 
 
 def constraint_for(body: SamplingFields) -> Constraint:

@@ -88,6 +88,11 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     chat_template_kwargs: dict[str, Any] | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    # Ignored (server/responses/fields.py).
+    service_tier: Any = None
+    prompt_cache_key: Any = None
+    safety_identifier: Any = None
+    stream_options: Any = None
     # Refused when set (they would change the answer and are not implemented).
     background: bool | None = None
     conversation: Any = None

@@ -10,6 +10,7 @@ import msgspec
 
 from server.common.errors import APIError
 from server.common.state import ServerState
+from server.pipeline.fields import refuse_set
 from server.pipeline.messages import chat_messages
 from server.pipeline.request import (
     ChatCompletionRequest,
@@ -24,6 +25,7 @@ from server.pipeline.request import (
     ToolCallFunction,
 )
 from server.pipeline.structured import chat_tools
+from server.responses.fields import RESPONSES_REFUSED
 from server.responses.protocol import ContentPart, InputItem, ResponsesRequest
 from server.responses.store import StoredResponse
 
@@ -36,9 +38,7 @@ _TURN_MARK = "RADIXSERVE_TURN_7f3a9c"
 
 
 def refuse_unsupported(body: ResponsesRequest) -> None:
-    for name in ("background", "conversation", "prompt", "top_logprobs", "max_tool_calls"):
-        if getattr(body, name) not in (None, False):
-            raise APIError(400, f"{name} is not supported", name)
+    refuse_set(body, RESPONSES_REFUSED)
     if body.truncation not in (None, "disabled"):
         raise APIError(400, "truncation: only 'disabled' is supported (a prompt that does not fit is a 400)",
                        "truncation")
