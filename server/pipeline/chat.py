@@ -37,6 +37,7 @@ from server.parsers.tools import (
     structural_tag,
 )
 from server.parsers.tools.forced import NamedParser, RequiredParser
+from server.pipeline import generic_tools
 from server.pipeline.engine_client import PrimedStream, collect, run_request
 from server.pipeline.messages import render_prompt
 from server.pipeline.request import (
@@ -122,6 +123,9 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest, top_logprobs: int
     engine = state.engine
     tokenizer = engine.tokenizer
     constraint = constraint_for(body)
+    generic = None  # tools on a model with no tool format of its own (server/pipeline/generic_tools.py)
+    if constraint.tool == "auto" and generic_tools.needed(state, body):
+        body, constraint, generic = generic_tools.adapt(body)
     try:
         prompt = render_prompt(tokenizer, body, body.add_generation_prompt, body.continue_final_message)
         ids = tokenizer.encode_rendered(prompt)
@@ -149,6 +153,8 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest, top_logprobs: int
         plan.tool_parser = RequiredParser(specs)
     elif constraint.tool == "named":
         plan.tool_parser = NamedParser(constraint.function or "", specs)
+    elif generic is not None:
+        plan.tool_parser = generic
     if not constraint.params or constraint.tool == "auto":  # a JSON constraint leaves no room to reason
         plan.reasoning = _reasoning(state, body, prompt)
     plan.params = sampling_params(body, default_max=max(engine.context_len - len(ids), 1),

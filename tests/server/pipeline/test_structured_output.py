@@ -135,7 +135,7 @@ def test_generate_with_regex_json_schema_and_a_cut(server: RunningServer) -> Non
 @pytest.mark.parametrize("body,param", [
     ({"response_format": {"type": "xml"}}, "response_format.type"),
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema.schema"),
-    ({"tools": [WEATHER]}, "tool_choice"),  # auto
+    ({"tools": [WEATHER], "tool_call_parser": "nonexistent"}, "tool_call_parser"),  # auto with an unknown format
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"regex": "(unclosed"}, None),
     ({"response_format": {"type": "json_object"}, "regex": "a+"}, "regex"),
