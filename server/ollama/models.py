@@ -36,9 +36,10 @@ def check_model(state: ServerState, model: str | None) -> str:
 
 
 def capabilities(state: ServerState) -> list[str]:
-    found = ["completion"]
-    if state.tool_call_parser[0] is not None:
-        found.append("tools")
+    """Tools on every model (its own format, or server/pipeline/generic_tools.py); thinking where a
+    reasoning parser reads it. Not "embedding", though /api/embed works: clients take a model that
+    says it to be an embedding model only."""
+    found = ["completion", "tools"]
     if state.reasoning_parser[0] is not None:
         found.append("thinking")
     return found

@@ -1,5 +1,6 @@
 """Ollama's API: `/api/chat` and `/api/generate` on the one chat pipeline (server/pipeline/chat.py),
-streamed as NDJSON unless `stream` is false; `/api/tags`, `/api/show`, `/api/ps` and `/api/version`
+streamed as NDJSON unless `stream` is false; `/api/embed` and `/api/embeddings` on the same model and
+cache (embed.py); `/api/tags`, `/api/show`, `/api/ps` and `/api/version`
 about the served model; the routes that manage models (pull, push, create, copy, delete, blobs)
 answer 501 with what to do instead. Every error is in Ollama's shape (errors.py)."""
 
@@ -12,8 +13,9 @@ from server.common.errors import APIError, bad_request
 from server.common.state import ServerState, decode_body
 from server.common.wire import json_response
 from server.ollama import models
+from server.ollama.embed import check_dimensions, embeddings_of, now_ns, vector
 from server.ollama.errors import ollama_errors
-from server.ollama.protocol import ChatRequest, GenerateRequest, ShowRequest
+from server.ollama.protocol import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, ShowRequest
 from server.ollama.render import Clock, chat_object, created_at, generate_object, lines, ndjson
 from server.ollama.translate import chat_request, generate_request
 from server.pipeline.chat import (
@@ -83,6 +85,34 @@ async def _answer(state: ServerState, plan: ChatPlan, model: str, stream: bool, 
     message, _ = final_message(plan, out)
     shape = chat_object if chat else generate_object
     return json_response(shape(model, message, out, clock))
+
+
+@ollama_errors
+async def embed(request: Request) -> Response:
+    state = _state(request)
+    start = now_ns()
+    body = decode_body(await state.read_body(request), EmbedRequest)
+    model = models.check_model(state, body.model)
+    texts = [body.input] if isinstance(body.input, str) else list(body.input or [])
+    if not texts:
+        raise APIError(400, "input: at least one text is required", "input")
+    check_dimensions(state, body.dimensions)
+    outs = await embeddings_of(state, texts, normalize=True, truncate=body.truncate)
+    return json_response({"model": model, "embeddings": [vector(o, body.dimensions) for o in outs],
+                          "total_duration": now_ns() - start, "load_duration": 0,
+                          "prompt_eval_count": sum(o.prompt_tokens for o in outs)})
+
+
+@ollama_errors
+async def embeddings(request: Request) -> Response:
+    """The older route: one prompt, its vector as pooled (not normalised), as Ollama answers it."""
+    state = _state(request)
+    body = decode_body(await state.read_body(request), EmbeddingsRequest)
+    models.check_model(state, body.model)
+    if not body.prompt:
+        return json_response({"embedding": []})
+    (out,) = await embeddings_of(state, [body.prompt], normalize=False, truncate=True)
+    return json_response({"embedding": vector(out, None)})
 
 
 @ollama_errors

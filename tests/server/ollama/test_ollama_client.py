@@ -144,3 +144,24 @@ def test_the_client_raises_response_errors(client: ollama.Client) -> None:
     with pytest.raises(ollama.ResponseError) as delete:
         client.delete("tiny")
     assert delete.value.status_code == 501 and "--model" in delete.value.error
+
+
+def test_embed_and_the_older_embeddings_route(client: ollama.Client, tools_server: RunningServer) -> None:
+    texts = ["the cat sat on the mat", "a dog"]
+    out = client.embed(model="tiny", input=texts)
+    assert len(out.embeddings) == 2 and all(len(v) == 64 for v in out.embeddings)
+    assert all(abs(sum(x * x for x in v) - 1) < 1e-4 for v in out.embeddings)  # normalised
+    assert out.prompt_eval_count > 0
+    openai_shaped = httpx.post(tools_server.url + "/v1/embeddings", timeout=60,
+                               json={"model": "tiny", "input": texts, "encoding_format": "float"}).json()
+    for ours, theirs in zip(out.embeddings, openai_shaped["data"]):
+        assert max(abs(a - b) for a, b in zip(ours, theirs["embedding"])) < 1e-5
+    short = client.embed(model="tiny", input="a dog", dimensions=8).embeddings[0]
+    assert len(short) == 8 and abs(sum(x * x for x in short) - 1) < 1e-4
+    old = client.embeddings(model="tiny", prompt="a dog").embedding
+    norm = sum(x * x for x in old) ** 0.5
+    assert max(abs(a / norm - b) for a, b in zip(old, out.embeddings[1])) < 1e-4  # the same vector, as pooled
+    with pytest.raises(ollama.ResponseError) as long:
+        client.embed(model="tiny", input="word " * 3000, truncate=False)
+    assert long.value.status_code == 400 and "truncate" in long.value.error
+    assert len(client.embed(model="tiny", input="word " * 3000).embeddings[0]) == 64  # cut to the context
