@@ -16,7 +16,7 @@ import time
 import torch
 
 from runtime.exec.model_runner import DTYPES, ModelRunner, RunnerConfig
-from runtime.loading.default_model import resolve_model_path
+from runtime.loading.sources import resolve_model_path
 from runtime.step.forward_batch import BatchEntry, ForwardBatch
 
 

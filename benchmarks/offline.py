@@ -81,7 +81,7 @@ def transformers_dtype(name: str = "auto") -> torch.dtype:
 
 def systems_for(model: str, dtype: str, compare: bool, kv_cache_tokens: int,
                 baseline_dtype: torch.dtype = torch.float32) -> list[tuple[str, object]]:
-    from runtime.loading.default_model import resolve_model_path
+    from runtime.loading.sources import resolve_model_path
 
     path = str(resolve_model_path(model))
     factories: list[tuple[str, object]] = [

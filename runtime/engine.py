@@ -24,7 +24,7 @@ from runtime.cpu import serial_on_this_thread
 from runtime.engine_args import EngineArgs
 from runtime.engine_info import EngineInfo
 from runtime.exec.model_runner import ModelRunner, RunnerConfig, load_config
-from runtime.loading.default_model import resolve_model_path
+from runtime.loading.sources import resolve_model_path
 from runtime.output import Output
 from runtime.sampling.pooling import PoolingParams
 from runtime.sampling_params import SamplingParams
@@ -54,7 +54,7 @@ class Engine:
         self.args.validate()
         if self.args.num_threads:
             torch.set_num_threads(self.args.num_threads)
-        self.model_path = resolve_model_path(self.args.model)
+        self.model_path = resolve_model_path(self.args.model, self.args.gguf_file)
         config = load_config(self.model_path)
         self.model_config = config
         self.tokenizer = Tokenizer(self.model_path, getattr(config, "model_type", ""))

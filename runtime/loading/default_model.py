@@ -4,7 +4,7 @@ built-in models (runtime/loading/builtin_models.py), converted once into a local
 On first use the GGUF is assembled from its packages (SHA-256 checked), dequantized and written
 once as a Hugging Face folder under `$RADIXSERVE_HOME/models/<name>` (default
 `~/.cache/radixserve`); later runs reuse it after a cheap integrity check.
-`resolve_model_path("default")` (or a built-in name, or a folder) is the one entry point.
+`runtime.loading.sources.resolve_model_path` is the one entry point for every `--model`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from runtime.loading.gguf_int8_groups import KEPT_GROUP_FILES
 
 __all__ = ["DEFAULT_CHAT_TEMPLATE", "DEFAULT_GENERATION_CONFIG", "DefaultModelError", "build_model_dir",
            "builtin_model_dir", "default_model_dir", "ensure_builtin_model", "ensure_default_model",
-           "radixserve_home", "resolve_model_path", "verify_model_dir"]
+           "radixserve_home", "verify_model_dir"]
 
 DEFAULT_MODEL_NAME = GEMMA_3_270M.name
 MANIFEST = "radixserve-manifest.json"
@@ -160,24 +160,6 @@ def add_kept_groups(model: BuiltinModel, folder: Path) -> None:
 def ensure_default_model(rebuild: bool = False, progress: bool = True) -> Path:
     """Return the default model's folder, converting it from the GGUF package on first use."""
     return ensure_builtin_model(GEMMA_3_270M, rebuild=rebuild, progress=progress)
-
-
-def resolve_model_path(model: str) -> Path:
-    """`"default"` means the converted Gemma 3 270M folder, a built-in model's name or alias its
-    converted folder (runtime/loading/builtin_models.py); anything else is a local folder."""
-    if model == "default":
-        return ensure_default_model()
-    builtin = builtin_model(model)
-    if builtin is not None:
-        return ensure_builtin_model(builtin)
-    path = Path(model).expanduser()
-    if not (path / "config.json").is_file():
-        raise ValueError(
-            f"model: {model!r} is neither 'default' nor a folder with a config.json "
-            f"(built-in models: {', '.join(builtin_model_names())}; radixserve loads local Hugging Face-style "
-            "folders; it never downloads from a hub)"
-        )
-    return path
 
 
 if __name__ == "__main__":

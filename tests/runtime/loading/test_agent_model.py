@@ -32,7 +32,8 @@ from runtime.loading.builtin_models import (
     assemble_gguf,
     builtin_model,
 )
-from runtime.loading.default_model import builtin_model_dir, ensure_builtin_model, resolve_model_path
+from runtime.loading.default_model import builtin_model_dir, ensure_builtin_model
+from runtime.loading.sources import resolve_model_path
 from runtime.loading.gguf_convert import dequantized_state_dict, hf_config
 from runtime.step.forward_batch import BatchEntry, ForwardBatch
 

