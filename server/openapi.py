@@ -7,7 +7,9 @@ import re
 
 import msgspec
 
+from server.anthropic import protocol as an
 from server.common.errors import ErrorResponse
+from server.ollama import protocol as ol
 from server.openai import protocol as p
 from server.pipeline.request import ChatCompletionRequest
 from server.pooling import protocol as pp
@@ -35,18 +37,34 @@ ROUTES: list[tuple[str, str, type | None, type | None, str]] = [
     ("get", "/health", None, sg.HealthStatus, "Liveness"),
     ("get", "/metrics", None, None, "Prometheus metrics"),
     ("get", "/cache", None, None, "One page of the prefix cache's radix tree (?offset=&limit=)"),
+    ("post", "/v1/messages", an.MessagesRequest, an.MessageResponse, "Create a message (Anthropic Messages API)"),
+    ("post", "/v1/messages/count_tokens", an.CountTokensRequest, an.TokenCount, "Count a message's input tokens"),
+    ("post", "/api/chat", ol.ChatRequest, None, "Chat (Ollama; NDJSON unless stream is false)"),
+    ("post", "/api/generate", ol.GenerateRequest, None, "Generate (Ollama; NDJSON unless stream is false)"),
+    ("post", "/api/embed", ol.EmbedRequest, None, "Embeddings (Ollama)"),
+    ("post", "/api/embeddings", ol.EmbeddingsRequest, None, "One embedding, not normalised (Ollama, older route)"),
+    ("get", "/api/tags", None, None, "The served model (Ollama)"),
+    ("post", "/api/show", ol.ShowRequest, None, "The served model's details and capabilities (Ollama)"),
+    ("get", "/api/ps", None, None, "The loaded model (Ollama)"),
+    ("get", "/api/version", None, None, "The Ollama API version spoken (Ollama)"),
 ]
+# Routes whose errors are in their protocol's own shape, by path prefix (the rest: OpenAI's).
+ERROR_SHAPES: dict[str, type] = {"/v1/messages": an.AnthropicError, "/api/": ol.ErrorBody}
 
 
 def openapi_document() -> dict[str, object]:
-    types = [t for _, _, req, resp, _ in ROUTES for t in (req, resp) if t is not None] + [ErrorResponse]
-    _, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
+    types = [t for _, _, req, resp, _ in ROUTES for t in (req, resp) if t is not None]
+    types += [ErrorResponse, *ERROR_SHAPES.values()]
+    # Each type's reference as msgspec names it (two rooms' types of one name get their module's path).
+    schemas, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
+    ref = dict(zip(types, schemas))
     paths: dict[str, dict[str, object]] = {}
-    error = {"description": "Error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
     for method, path, req, resp, summary in ROUTES:
+        shape = next((t for prefix, t in ERROR_SHAPES.items() if path.startswith(prefix)), ErrorResponse)
+        error = {"description": "Error", "content": {"application/json": {"schema": ref[shape]}}}
         op: dict[str, object] = {"summary": summary, "responses": {
             "200": {"description": "OK", "content": {"application/json": {
-                "schema": {"$ref": f"#/components/schemas/{resp.__name__}"} if resp else {"type": "object"}}}},
+                "schema": ref[resp] if resp else {"type": "object"}}}},
             "400": error, "401": error,
         }}
         names = re.findall(r"\{(\w+)\}", path)
@@ -54,8 +72,7 @@ def openapi_document() -> dict[str, object]:
             op["parameters"] = [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names]
             op["responses"]["404"] = error  # type: ignore[index]
         if req is not None:
-            op["requestBody"] = {"required": True, "content": {"application/json": {
-                "schema": {"$ref": f"#/components/schemas/{req.__name__}"}}}}
+            op["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref[req]}}}
         paths.setdefault(path, {})[method] = op
     return {"openapi": "3.0.3", "info": {"title": "radixserve", "version": "0.1.0"}, "paths": paths,
             "components": {"schemas": components}}

@@ -6,7 +6,7 @@ top-level fields are ignored, as on the other routes (Claude Code sends several 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -28,7 +28,9 @@ class ContentBlock(msgspec.Struct, kw_only=True):
 
 
 class Message(msgspec.Struct, kw_only=True):
-    role: str
+    # user and assistant; a system (or developer) message inside `messages` is taken too, as
+    # Claude Code sends one (translate.py keeps it where it was sent).
+    role: Literal["user", "assistant", "system", "developer"]
     content: str | list[ContentBlock]
 
 
@@ -68,7 +70,7 @@ class Metadata(msgspec.Struct, kw_only=True):
 
 class CountTokensRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
-    messages: list[Message]
+    messages: Annotated[list[Message], msgspec.Meta(min_length=1)]
     system: str | list[ContentBlock] | None = None
     tools: list[ToolDef] | None = None
     tool_choice: ToolChoice | None = None

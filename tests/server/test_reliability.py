@@ -29,8 +29,16 @@ def _ok(server: RunningServer) -> None:
     assert resp.status_code == 200, resp.text
 
 
-def _assert_error(resp: httpx.Response, status: int) -> None:
+def _assert_error(resp: httpx.Response, status: int, path: str = "") -> None:
+    """An error in the shape of the protocol the path belongs to (OpenAI's unless Anthropic's or Ollama's)."""
     assert resp.status_code == status, (resp.status_code, resp.text[:300])
+    if path.startswith("/v1/messages"):
+        body = resp.json()
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
+        return
+    if path.startswith("/api/"):
+        assert set(resp.json()) == {"error"} and isinstance(resp.json()["error"], str)
+        return
     error = resp.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["code"] == status
 
@@ -76,6 +84,29 @@ BAD_BODIES: list[tuple[str, object]] = [
     ("/v1/rerank", {"query": "q"}),
     ("/v1/rerank", {"query": "q", "documents": [{"txt": "d"}]}),
     ("/v1/score", {"text_1": [], "text_2": []}),
+    ("/v1/messages", b'{"max_tokens": 4, "messages": ['),  # truncated
+    ("/v1/messages", b"\xff\xfe\x00garbage"),
+    ("/v1/messages", {"max_tokens": 4}),
+    ("/v1/messages", {"max_tokens": 10**30, "messages": [{"role": "user", "content": "x"}]}),
+    ("/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": "word " * 400}]}),
+    ("/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "tool_use"}]}]}),
+    ("/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": [{"text": "no type"}]}]}),
+    ("/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": "x"}], "top_k": -5}),
+    ("/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": "x"}], "stop_sequences": "s"}),
+    ("/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+                      "tools": [{"name": "f", "type": "custom"}]}),
+    ("/v1/messages/count_tokens", {"messages": "x"}),
+    ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "options": {"top_p": -1}}),
+    ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "word " * 400}], "stream": False,
+                   "options": {"num_predict": 4}}),
+    ("/api/chat", {"model": "tiny", "messages": [{"role": "user"}], "format": {"type": "nonsense"}}),
+    ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": [{"function": {}}]}),
+    ("/api/generate", {"model": "tiny", "prompt": "x", "options": {"num_predict": -7}}),
+    ("/api/generate", {"model": "tiny", "prompt": "x", "raw": True, "options": {"temperature": "hot"}}),
+    ("/api/generate", b"[1, 2, 3]"),
+    ("/api/embed", {"model": "tiny", "input": []}),
+    ("/api/embed", {"model": "tiny", "input": "x", "dimensions": 10**9}),
+    ("/api/show", {}),
 ]
 
 
@@ -86,7 +117,7 @@ def test_bad_input_is_4xx_and_the_next_request_works(small_server: RunningServer
     else:
         resp = httpx.post(small_server.url + path, json=body, timeout=60)
     assert 400 <= resp.status_code < 500, (resp.status_code, resp.text[:300])
-    _assert_error(resp, resp.status_code)
+    _assert_error(resp, resp.status_code, path)
     _ok(small_server)
 
 
@@ -123,8 +154,15 @@ def test_openapi_schema_fuzzing_finds_no_5xx(small_server: RunningServer) -> Non
         def check(case) -> None:  # noqa: ANN001
             if isinstance(case.body, dict):
                 case.body.pop("max_tokens", None)  # keep generation short: 16 tokens by default
-                cap = "max_output_tokens" if operation.path == "/v1/responses" else "max_completion_tokens"
-                case.body[cap] = 4
+                if operation.path.startswith(("/api/", "/v1/messages")):  # the served model (Ollama needs one)
+                    case.body["model"] = small_server.engine.args.model
+                if operation.path.startswith("/api/"):  # Ollama's: a cap among the options
+                    options = case.body.get("options")
+                    case.body["options"] = {**(options if isinstance(options, dict) else {}), "num_predict": 4}
+                else:
+                    cap = {"/v1/responses": "max_output_tokens", "/v1/messages": "max_tokens"}.get(
+                        operation.path, "max_completion_tokens")
+                    case.body[cap] = 4
             response = case.call(base_url=small_server.url, timeout=120)
             statuses.append(response.status_code)
             if response.status_code >= 500:
