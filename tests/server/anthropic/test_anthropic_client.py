@@ -3,12 +3,15 @@ stop sequences, count_tokens, cache_control and usage, and errors in Anthropic's
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import anthropic
 import httpx
 import pytest
 
+from runtime import Engine
 from tests.server.anthropic.helpers import client_for
-from tests.server.harness import RunningServer
+from tests.server.harness import RunningServer, serve
 
 ASK = [{"role": "user", "content": "the cat sat on the mat and then"}]
 GREEDY = {"temperature": 0}  # the SDK's create() no longer takes sampling fields: they go as extra_body
@@ -167,3 +170,15 @@ def test_errors_before_the_route_are_in_anthropics_shape_too(server: RunningServ
     _error(httpx.post(server.url + "/v1/messages", content=b"{not json", timeout=30), 400, "invalid_request_error")
     _error(httpx.get(server.url + "/v1/messages", timeout=30), 405, "invalid_request_error")
     _error(httpx.post(server.url + "/v1/messages/batches", json={}, timeout=30), 404, "not_found_error")
+
+
+def test_api_key_in_anthropics_header_and_401_in_its_shape(tiny_folder: Path) -> None:
+    with Engine(model=str(tiny_folder), dtype="float32", kv_cache_tokens=512) as engine:
+        with serve(engine, api_key="sesame", served_model_name="tiny") as srv:
+            client = anthropic.Anthropic(base_url=srv.url, api_key="sesame", max_retries=0)  # sends x-api-key
+            assert client.messages.create(model="tiny", max_tokens=2, messages=ASK).content
+            with pytest.raises(anthropic.AuthenticationError):
+                anthropic.Anthropic(base_url=srv.url, api_key="wrong", max_retries=0).messages.create(
+                    model="tiny", max_tokens=2, messages=ASK)
+            _error(httpx.post(srv.url + "/v1/messages", json={}, timeout=30), 401, "authentication_error")
+            assert httpx.get(srv.url + "/v1/models", headers={"x-api-key": "sesame"}).status_code == 200
