@@ -13,7 +13,8 @@ COMMON = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=96, num_h
 
 
 def tiny_config(family: str):  # noqa: ANN201 - a transformers config
-    from transformers import (Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config)
+    from transformers import (Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen2MoeConfig,
+                              Qwen3Config, Qwen3MoeConfig)
 
     if family == "llama":
         return LlamaConfig(**COMMON, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -30,10 +31,25 @@ def tiny_config(family: str):  # noqa: ANN201 - a transformers config
                                 layer_types=["sliding_attention", "sliding_attention", "full_attention",
                                              "sliding_attention"],
                                 query_pre_attn_scalar=24, rope_local_base_freq=100.0, rope_theta=10000.0)
+    if family == "qwen3_moe":  # Qwen3-30B-A3B's shape in small: renormalised top-k, no shared expert
+        return Qwen3MoeConfig(**COMMON, head_dim=32, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                              norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
+                              tie_word_embeddings=False)
+    if family == "qwen2_moe":  # a shared expert with its sigmoid gate; every other layer sparse
+        return Qwen2MoeConfig(**{**COMMON, "num_hidden_layers": 4}, moe_intermediate_size=32,
+                              shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=3,
+                              norm_topk_prob=False, decoder_sparse_step=2, tie_word_embeddings=False)
+    if family == "phi3":  # Phi-4-mini's partial rotary and LongRoPE, Phi-3-mini-4k's sliding window
+        rot_half = int(16 * 0.75) // 2
+        return Phi3Config(**COMMON, tie_word_embeddings=True, sliding_window=12, pad_token_id=0, bos_token_id=2,
+                          eos_token_id=1, original_max_position_embeddings=128,
+                          rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                                           "short_factor": [1.0 + 0.1 * i for i in range(rot_half)],
+                                           "long_factor": [2.0 + 0.5 * i for i in range(rot_half)]})
     raise ValueError(family)
 
 
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3"]
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen3_moe", "qwen2_moe", "phi3"]
 
 
 def save_tiny_model(family: str, folder: Path, seed: int = 0) -> Path:

@@ -121,7 +121,8 @@ class ModelRunner:
         self._cpu_threads = (cfg.cpu_threads, cfg.adapt_cpu_threads)
         self.threads: cpu.ThreadGovernor | None = None  # set on the engine thread (warm_up)
         self.cpu_thread_ceiling: int | None = None
-        if self.device.type == "cuda" and cfg.cuda_graph_max_bs:
+        # a model whose step reads data-dependent sizes on the host (the MoE expert loop) runs eagerly
+        if self.device.type == "cuda" and cfg.cuda_graph_max_bs and getattr(self.model, "cuda_graphs", True):
             self.graphs = self._capture(min(cfg.cuda_graph_max_bs, cfg.max_requests))
         logger.info("loaded %s on %s (%s, %s attention) in %.1fs: weights %.2f GiB, KV pool %.2f GiB = %d tokens",
                     cfg.model_path.name, self.device, str(self.dtype).removeprefix("torch."), self.backend.name,

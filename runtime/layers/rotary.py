@@ -2,6 +2,12 @@
 
 Inverse frequencies for the scaled variants (linear, dynamic, yarn, longrope, llama3) come from
 `transformers.modeling_rope_utils`, so every variant matches the reference exactly.
+
+LongRoPE (Phi-3/3.5, Phi-4-mini) has two sets of frequencies: short factors up to the pretraining
+length, long factors beyond it. The reference switches the whole sequence at once when its
+length passes `original_max_position_embeddings`; here the choice is per position (positions at
+or past that length rotate with the long factors), because a cached prefix's keys must not depend
+on how long the request that computed them was. Up to that length both agree exactly.
 """
 
 from __future__ import annotations
@@ -16,6 +22,21 @@ def rope_inv_freq(config: object, layer_type: str | None = None) -> tuple[torch.
     # Models are built under a "meta" device context; these buffers must be real.
     with torch.device("cpu"):
         return _rope_inv_freq(config, layer_type)
+
+
+def rope_long_freq(config: object, layer_type: str | None = None) -> tuple[torch.Tensor, int] | None:
+    """LongRoPE's (long-factor inverse frequencies, the position they start at); None for other variants."""
+    params = getattr(config, "rope_parameters", None) or {}
+    if layer_type is not None and layer_type in params:
+        params = params[layer_type]
+    if params.get("rope_type") != "longrope" or "long_factor" not in params:
+        return None
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    start = int(params.get("original_max_position_embeddings") or config.original_max_position_embeddings)
+    with torch.device("cpu"):
+        inv_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](config, "cpu", seq_len=start + 1, layer_type=layer_type)
+    return inv_freq.float(), start
 
 
 def _rope_inv_freq(config: object, layer_type: str | None) -> tuple[torch.Tensor, float]:
@@ -40,15 +61,20 @@ class RotaryEmbedding:
     On the CPU they are rows of a table computed once for every position so far (a decode step
     then reads two rows instead of paying cos, sin and four more ops per RoPE type)."""
 
-    def __init__(self, inv_freq: torch.Tensor, scaling: float = 1.0) -> None:
+    def __init__(self, inv_freq: torch.Tensor, scaling: float = 1.0,
+                 long: tuple[torch.Tensor, int] | None = None) -> None:
+        """long: LongRoPE's long-factor frequencies and the first position that uses them."""
         self.inv_freq = inv_freq
         self.scaling = scaling
+        self.long_inv_freq, self.long_from = long if long is not None else (None, 0)
         self.rot_dim = 2 * inv_freq.numel()
         self._tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self.inv_freq.device != positions.device:  # once, at the first step on the model's device
             self.inv_freq = self.inv_freq.to(positions.device)
+            if self.long_inv_freq is not None:
+                self.long_inv_freq = self.long_inv_freq.to(positions.device)
         if positions.device.type != "cpu" or positions.numel() == 0:
             return self._compute(positions, dtype)
         cos, sin = self._tables.get(dtype, (None, None))
@@ -62,6 +88,9 @@ class RotaryEmbedding:
     def _compute(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # elementwise in the position, so a table row equals the row computed alone
         freqs = positions[:, None].float() * self.inv_freq[None, :]
+        if self.long_inv_freq is not None:
+            long_freqs = positions[:, None].float() * self.long_inv_freq[None, :]
+            freqs = torch.where((positions >= self.long_from)[:, None], long_freqs, freqs)
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
 

@@ -13,6 +13,9 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen2ForCausalLM": ("runtime.models.llama", "LlamaForCausalLM"),
     "Qwen3ForCausalLM": ("runtime.models.qwen3", "Qwen3ForCausalLM"),
     "Gemma3ForCausalLM": ("runtime.models.gemma3", "Gemma3ForCausalLM"),
+    "Qwen2MoeForCausalLM": ("runtime.models.qwen_moe", "Qwen2MoeForCausalLM"),
+    "Qwen3MoeForCausalLM": ("runtime.models.qwen_moe", "Qwen3MoeForCausalLM"),
+    "Phi3ForCausalLM": ("runtime.models.phi3", "Phi3ForCausalLM"),
 }
 
 

@@ -1,9 +1,10 @@
 """Llama-family decoders: Llama, Mistral and Qwen2 (GQA, RoPE with its scaling variants, optional
-attention bias, optional sliding window). Qwen3 reuses these pieces with QK-norm (qwen3.py)."""
+attention bias, optional sliding window). Qwen3 reuses these pieces with QK-norm (qwen3.py), Phi-3
+with its fused checkpoint (phi3.py), the Qwen MoE families with an MoE feed-forward (qwen_moe.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -12,7 +13,7 @@ from runtime.layers.activation import gated_activation
 from runtime.layers.attention import PagedAttention
 from runtime.layers.fused import add_rms_norm, qk_norm_rope, through_layers
 from runtime.layers.norm import RMSNorm
-from runtime.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
+from runtime.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq, rope_long_freq
 from runtime.models.weights import fused_linear, load_into
 
 
@@ -26,24 +27,21 @@ def layer_window(config: object, layer_id: int) -> int | None:
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None:
         return window if layer_types[layer_id] == "sliding_attention" else None
-    if getattr(config, "model_type", "") == "mistral":
+    if getattr(config, "model_type", "") in ("mistral", "phi3"):  # one window for every layer
         return window
     return None
 
 
 class LlamaAttention(nn.Module):
-    qkv_bias_default = False
-    o_bias_default = False
-
     def __init__(self, config: object, layer_id: int, qk_norm: bool = False) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = head_dim_of(config)
-        bias = getattr(config, "attention_bias", self.qkv_bias_default)
+        qkv_bias, o_bias = self.biases(config)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = fused_linear(config.hidden_size, [q_size, kv_size, kv_size], bias=bias or self.qkv_bias_default)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=bias and not self.qkv_bias_default)
+        self.qkv_proj = fused_linear(config.hidden_size, [q_size, kv_size, kv_size], bias=qkv_bias)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=o_bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.attn = PagedAttention(layer_id, self.head_dim**-0.5, layer_window(config, layer_id))
@@ -65,8 +63,18 @@ class LlamaAttention(nn.Module):
         return self.o_proj(self.attn(q, k, v))
 
 
+    @staticmethod
+    def biases(config: object) -> tuple[bool, bool]:
+        """(q/k/v bias, o_proj bias)."""
+        bias = bool(getattr(config, "attention_bias", False))
+        return bias, bias
+
+
 class Qwen2Attention(LlamaAttention):
-    qkv_bias_default = True  # Qwen2 always has q/k/v biases and never an o_proj bias
+    @staticmethod
+    def biases(config: object) -> tuple[bool, bool]:
+        # Qwen2 has q/k/v biases (Qwen2-MoE: unless qkv_bias says not) and never an o_proj bias
+        return bool(getattr(config, "qkv_bias", True)), False
 
 
 class GatedMLP(nn.Module):
@@ -80,12 +88,17 @@ class GatedMLP(nn.Module):
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
+def dense_mlp(config: object, layer_id: int) -> nn.Module:
+    return GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
+                    bias=getattr(config, "mlp_bias", False))
+
+
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: object, layer_id: int, attention_cls: type[LlamaAttention], qk_norm: bool) -> None:
+    def __init__(self, config: object, layer_id: int, attention_cls: type[LlamaAttention], qk_norm: bool,
+                 make_mlp: Callable[[object, int], nn.Module] = dense_mlp) -> None:
         super().__init__()
         self.self_attn = attention_cls(config, layer_id, qk_norm=qk_norm)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
-                            bias=getattr(config, "mlp_bias", False))
+        self.mlp = make_mlp(config, layer_id)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -101,11 +114,12 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: object, attention_cls: type[LlamaAttention], qk_norm: bool) -> None:
+    def __init__(self, config: object, attention_cls: type[LlamaAttention], qk_norm: bool,
+                 make_mlp: Callable[[object, int], nn.Module] = dense_mlp) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, attention_cls, qk_norm) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, i, attention_cls, qk_norm, make_mlp) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -118,11 +132,18 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: object) -> None:
         super().__init__()
         self.config = config
-        attention_cls = Qwen2Attention if config.model_type == "qwen2" else LlamaAttention
-        self.model = LlamaModel(config, attention_cls, self.qk_norm)
+        self.model = LlamaModel(config, self.attention_class(config), self.qk_norm, self.make_mlp)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = None if self.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.rotary = RotaryEmbedding(*rope_inv_freq(config))
+        self.rotary = RotaryEmbedding(*rope_inv_freq(config), long=rope_long_freq(config))
+
+    @staticmethod
+    def attention_class(config: object) -> type[LlamaAttention]:
+        return Qwen2Attention if config.model_type == "qwen2" else LlamaAttention
+
+    def make_mlp(self, config: object, layer_id: int) -> nn.Module:
+        """Layer `layer_id`'s feed-forward (the MoE families choose per layer)."""
+        return dense_mlp(config, layer_id)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)

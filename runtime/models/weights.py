@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,10 @@ FUSED_FROM: dict[str, list[str]] = {
     fused: [hf for hf, (f, _) in sorted(STACKED.items(), key=lambda item: item[1][1]) if f == fused]
     for fused, _ in STACKED.values()}
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# One expert's projection, as Hugging Face MoE checkpoints ship them.
+EXPERT_NAME = re.compile(r"^(?P<experts>(?:.+\.)?experts)\.(?P<index>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+# One projection of every expert, stacked [E, rows, cols].
+EXPERT_STACK_NAME = re.compile(r"^(?P<experts>(?:.+\.)?experts)\.(?P<proj>gate_proj|up_proj)$")
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
@@ -45,29 +50,55 @@ def iterate_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def load_into(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]], skip: tuple[str, ...] = ()) -> None:
-    """Copy checkpoint tensors into `model`, splitting fused projections; every parameter must be filled."""
+    """Copy checkpoint tensors into `model`, splitting fused projections and stacking experts;
+    every element of every parameter must be filled."""
     params = dict(model.named_parameters())
-    filled: set[str] = set()
+    written: dict[str, int] = dict.fromkeys(params, 0)
     for name, tensor in weights:
         if name.endswith(IGNORED_SUFFIXES) or name in skip:
             continue
-        target, shard = _target(name)
-        if target not in params:
-            raise ValueError(f"checkpoint tensor {name!r} has no place in {type(model).__name__}")
-        param = params[target]
-        if shard is None:
-            if param.shape != tensor.shape:
-                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}")
-            param.data.copy_(tensor)
-        else:
-            module = model.get_submodule(target.rsplit(".", 1)[0])
-            sizes: list[int] = module.shard_sizes  # type: ignore[assignment]
-            start = sum(sizes[:shard])
-            param.data[start : start + sizes[shard]].copy_(tensor)
-        filled.add(f"{target}#{shard}")
-    missing = [n for n in params if not any(f.startswith(n + "#") for f in filled)]
+        target, dest = _destination(name, params, model)
+        if dest.shape != tensor.shape:
+            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dest.shape)}")
+        dest.copy_(tensor)
+        written[target] += tensor.numel()
+    missing = [n for n, p in params.items() if written[n] < p.numel()]
     if missing:
         raise ValueError(f"checkpoint lacks tensors for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+
+
+def _destination(name: str, params: dict[str, nn.Parameter], model: nn.Module) -> tuple[str, torch.Tensor]:
+    """(our parameter's name, the view of it that checkpoint tensor `name` fills)."""
+    expert = _expert_destination(name, params)
+    if expert is not None:
+        return expert
+    target, shard = _target(name)
+    if target not in params:
+        raise ValueError(f"checkpoint tensor {name!r} has no place in {type(model).__name__}")
+    data = params[target].data
+    if shard is None:
+        return target, data
+    sizes: list[int] = model.get_submodule(target.rsplit(".", 1)[0]).shard_sizes  # type: ignore[assignment]
+    start = sum(sizes[:shard])
+    return target, data[start : start + sizes[shard]]
+
+
+def _expert_destination(name: str, params: dict[str, nn.Parameter]) -> tuple[str, torch.Tensor] | None:
+    """Where an expert tensor goes in the stacked layout of runtime/layers/moe.py: one expert's
+    projection (`experts.N.gate_proj.weight`, as Hugging Face checkpoints ship them) or one
+    projection of every expert (`experts.gate_proj`, [E, I, H], as a GGUF's ffn_gate_exps is)."""
+    match = EXPERT_NAME.match(name) or EXPERT_STACK_NAME.match(name)
+    if match is None:
+        return None
+    proj, index = match["proj"], match.groupdict().get("index")
+    target = f"{match['experts']}.{'down_proj' if proj == 'down_proj' else 'gate_up_proj'}"
+    if target not in params:
+        return None
+    data = params[target].data if index is None else params[target].data[int(index)]
+    if proj != "down_proj":  # gate rows, then up rows, along the stack's row axis
+        half = data.shape[-2] // 2
+        data = data[..., :half, :] if proj == "gate_proj" else data[..., half:, :]
+    return target, data
 
 
 def dummy_init(model: nn.Module, seed: int = 0) -> None:

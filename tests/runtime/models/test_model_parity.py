@@ -114,5 +114,8 @@ def test_unknown_architecture_is_a_clear_error(tmp_path: Path) -> None:
     from runtime.models import model_class
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
-    with pytest.raises(ValueError, match="unsupported architecture.*Gemma3ForCausalLM"):
+    with pytest.raises(ValueError, match="unsupported architecture.*GPT2LMHeadModel") as raised:
         model_class(AutoConfig.from_pretrained(str(tmp_path)))
+    for supported in ("Gemma3ForCausalLM", "LlamaForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM",
+                      "Qwen2MoeForCausalLM"):
+        assert supported in str(raised.value)
