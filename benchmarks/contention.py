@@ -16,7 +16,10 @@ whatever else runs, as before), and `llama.cpp` (benchmarks/peers.py installs it
 benchmarks/.peers/; 2 threads on the same GGUF). Results: benchmarks/results/contention.json, and a
 markdown table (contention.md) naming the CPU.
 
-    python -m benchmarks.contention [--systems radixserve radixserve-fixed llama.cpp] [--trials 3]
+    python -m benchmarks.contention [--systems radixserve radixserve-fixed llama.cpp] [--trials 3] [--ab-rounds 3]
+
+`--ab-rounds N` adds an idle A/B: radixserve and radixserve-fixed alternately, N rounds, a new server
+each time (what the governor costs when nothing else runs, told apart from run-to-run noise).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import httpx
 
 if __package__ in (None, ""):  # run as `python benchmarks/x.py`: import `benchmarks` as -m would
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -58,9 +63,23 @@ async def _figures(base_url: str, trials: int, condition: int) -> dict[str, floa
             got["prompt_tok_s"].append(out["usage"]["prompt_tokens"] / (time.perf_counter() - start))
             got["one_stream_tok_s"].append(await client.stream_rate(text(24, seed=8000 + trial), 64))
             got["streams8_tok_s"].append(await peer_figures._streams(client, 8, 64, trial))
-        return {key: statistics.median(values) for key, values in got.items()}
+        figures = {key: statistics.median(values) for key, values in got.items()}
+        changes = await _thread_changes(client)
+        if changes is not None:  # radixserve: how often its thread count moved while these ran
+            figures["cpu_threads_changes_total"] = changes
+        return figures
     finally:
         await client.close()
+
+
+async def _thread_changes(client: Client) -> float | None:
+    """radixserve's count of thread-count changes so far (its /get_server_info stats); None elsewhere."""
+    base = str(client.http.base_url).removesuffix("/v1/")
+    try:
+        response = await client.http.get(base + "/get_server_info")
+        return response.json()["stats"].get("cpu_threads_changes_total") if response.status_code == 200 else None
+    except (ValueError, KeyError, httpx.HTTPError):
+        return None
 
 
 class CpuQuota:
@@ -138,6 +157,27 @@ def measure(name: str, venv: str | None, packages: list[str], args: list[str], p
     return result
 
 
+def idle_ab(table: dict, rounds: int, port: int, trials: int) -> dict:
+    """radixserve against radixserve-fixed with nothing else running, alternating `rounds` times (a new
+    server each time), so that what the thread governor costs an idle machine is told from noise."""
+    got: dict[str, list[dict[str, float]]] = {"radixserve": [], "radixserve-fixed": []}
+    for round_ in range(rounds):
+        # ABBA order: whichever goes first in a round is not always the same one (a slow spell of the
+        # machine then falls on both)
+        for name in (list(got) if round_ % 2 == 0 else list(got)[::-1]):
+            _, _, args = table[name]
+            proc = _start(Path(sys.executable), args, RESULTS / "tmp" / f"contention-ab-{name}.log", None)
+            try:
+                wait_healthy(proc, port, name, timeout=900, path="/v1/models")
+                got[name].append(asyncio.run(_figures(f"http://127.0.0.1:{port}/v1", trials, 10 + round_)))
+                print(f"  A/B round {round_ + 1} {name}: {got[name][-1]}", flush=True)
+            finally:
+                stop(proc, timeout=60)
+    medians = {name: {key: statistics.median(r[key] for r in runs) for key, _, _ in FIGURES} for name, runs in got.items()}
+    return {"rounds": rounds, "medians": medians,
+            "ratio": {key: medians["radixserve"][key] / medians["radixserve-fixed"][key] for key, _, _ in FIGURES}}
+
+
 def systems(port: int) -> dict[str, tuple[str | None, list[str], list[str]]]:
     table = peers.systems(port)
     ours = table["radixserve"]
@@ -161,15 +201,23 @@ def markdown(report: dict) -> str:
                 cells.append(f"{value:{spec}}" if c == "idle" else f"{value:{spec}} ({value / idle:.2f}x)")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += [f"\n{r['name']}: not measured ({r['error']})" for r in report["systems"] if "error" in r]
+    ab = report.get("idle_ab")
+    if ab:
+        lines += ["", f"Idle A/B, {ab['rounds']} alternating rounds (a new server each), medians: radixserve against "
+                  "radixserve-fixed:", ""]
+        lines += [f"- {label}: {ab['medians']['radixserve'][key]:{spec}} against "
+                  f"{ab['medians']['radixserve-fixed'][key]:{spec}} ({ab['ratio'][key]:.3f}x)" for key, label, spec in FIGURES]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--systems", nargs="+", default=["radixserve", "radixserve-fixed", "llama.cpp"])
+    parser.add_argument("--systems", nargs="*", default=["radixserve", "radixserve-fixed", "llama.cpp"])
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--port", type=int, default=30200)
     parser.add_argument("--json", default=str(RESULTS / "contention.json"))
+    parser.add_argument("--ab-rounds", type=int, default=0,
+                        help="also compare radixserve and radixserve-fixed idle, alternating this many rounds")
     args = parser.parse_args(argv)
     table = systems(args.port)
     quota = CpuQuota(QUOTA_CORES)
@@ -184,6 +232,9 @@ def main(argv: list[str] | None = None) -> dict:
             except Exception as exc:  # noqa: BLE001 - one system failing must not lose the others
                 report["systems"].append({"name": name, "error": str(exc)})
                 print(f"  {name}: {exc}", flush=True)
+        if args.ab_rounds:
+            print("== idle A/B", flush=True)
+            report["idle_ab"] = idle_ab(table, args.ab_rounds, args.port, args.trials)
     finally:
         quota.close()
     RESULTS.mkdir(parents=True, exist_ok=True)
