@@ -110,7 +110,7 @@ def _message(out: list[ChatMessage], role: str, blocks: list[ContentBlock], wher
     elif role == "user":
         _user(out, blocks, where)
     elif role in SYSTEM_ROLES:
-        text, marks = _text(blocks, where)
+        text, marks = _text(blocks, f"{where}.content")
         if first:  # a system turn before anything else is the system prompt itself
             out.append(ChatMessage(role="system", content=text, cache_control=_control_of(marks)))
         else:
@@ -181,9 +181,10 @@ def _result_text(block: ContentBlock, where: str) -> tuple[str, list[str]]:
 
 
 def _text(blocks: list[ContentBlock], where: str) -> tuple[str, list[str]]:
+    """Text blocks joined, and their marks; `where` names the list (`messages[2].content`)."""
     texts, marks = [], []
     for j, block in enumerate(blocks):
-        at = f"{where}[{j}]" if where.endswith("content") else f"{where}.content[{j}]"
+        at = f"{where}[{j}]"
         if block.type != "text":
             raise APIError(400, f"{at}.type: only text blocks are supported here, got {block.type!r}", f"{at}.type")
         texts.append(_required(block.text, f"{at}.text"))
