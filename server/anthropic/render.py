@@ -47,12 +47,14 @@ def usage(out: Output, plan: ChatPlan, output_tokens: int | None = None) -> dict
             "output_tokens": out.completion_tokens if output_tokens is None else output_tokens}
 
 
-def stop_reason(out: Output, finish_reason: str | None, stop_sequences: Sequence[str]) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence) from the pipeline's finish_reason and the stop that matched."""
+def stop_reason(out: Output, finish_reason: str | None, stop_sequences: Sequence[str],
+                capped: bool = False) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) from the pipeline's finish_reason and the stop that matched;
+    `capped`: max_tokens was cut to the room the context window leaves."""
     if finish_reason == "tool_calls":
         return "tool_use", None
     if finish_reason == "length":
-        return "max_tokens", None
+        return ("model_context_window_exceeded" if capped else "max_tokens"), None
     if isinstance(out.matched_stop, str) and out.matched_stop in stop_sequences:
         return "stop_sequence", out.matched_stop
     return "end_turn", None
@@ -134,7 +136,7 @@ class BlockStream:
 
 
 async def message_events(rid: str, model: str, plan: ChatPlan, stream: AsyncIterator[Output],
-                         stop_sequences: Sequence[str]) -> AsyncIterator[dict[str, object]]:
+                         stop_sequences: Sequence[str], capped: bool = False) -> AsyncIterator[dict[str, object]]:
     choice = ChoiceStream(plan)
     blocks = BlockStream()
     started = False
@@ -152,7 +154,7 @@ async def message_events(rid: str, model: str, plan: ChatPlan, stream: AsyncIter
         if out.finished:
             for event in blocks.finish():
                 yield event
-            reason, sequence = stop_reason(out, choice.finish_reason(out), stop_sequences)
+            reason, sequence = stop_reason(out, choice.finish_reason(out), stop_sequences, capped)
             yield {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
                    "usage": usage(out, plan)}
             yield {"type": "message_stop"}

@@ -9,6 +9,9 @@ the prompt's cached tokens are reported as `cache_read_input_tokens`.
 
 from __future__ import annotations
 
+import dataclasses
+
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -27,7 +30,7 @@ from server.anthropic.translate import chat_request
 from server.common.errors import APIError
 from server.common.state import ServerState, decode_body
 from server.common.wire import json_response
-from server.pipeline.chat import final_message, plan_chat, run_chat, stream_chat
+from server.pipeline.chat import ChatPlan, final_message, plan_chat, run_chat, stream_chat
 
 
 def _check_model(state: ServerState, model: str | None) -> None:
@@ -36,22 +39,34 @@ def _check_model(state: ServerState, model: str | None) -> None:
                             "(Claude Code: set ANTHROPIC_MODEL and ANTHROPIC_SMALL_FAST_MODEL to it)", "model")
 
 
+def _plan(state: ServerState, body: MessagesRequest) -> tuple[ChatPlan, bool]:
+    """The plan, and whether max_tokens was cut to the room the context leaves: as Anthropic's
+    models do, a max_tokens past the context window is not an error (Claude Code asks for 32,000):
+    the answer stops at the window, with stop_reason model_context_window_exceeded."""
+    chat = chat_request(body)
+    plan = plan_chat(state, msgspec.structs.replace(chat, max_tokens=None))  # max_new_tokens: the room left
+    capped = plan.params.max_new_tokens < body.max_tokens
+    plan.params = dataclasses.replace(plan.params, max_new_tokens=min(body.max_tokens, plan.params.max_new_tokens))
+    return plan, capped
+
+
 @anthropic_errors
 async def messages(request: Request) -> Response:
     state: ServerState = request.app.state.radix
     body = decode_body(await state.read_body(request), MessagesRequest)
     _check_model(state, body.model)
-    plan = plan_chat(state, chat_request(body))
+    plan, capped = _plan(state, body)
     rid = new_message_id()
     state.log_request(rid, body.messages)
     model = body.model or state.served_model_name
     stops = body.stop_sequences or []
     if body.stream:
         stream = await stream_chat(state, plan)
-        return StreamingResponse(sse(message_events(rid, model, plan, stream, stops)), media_type="text/event-stream")
+        events = message_events(rid, model, plan, stream, stops, capped)
+        return StreamingResponse(sse(events), media_type="text/event-stream")
     (out,) = await run_chat(state, plan)
     message, finish = final_message(plan, out)
-    reason, sequence = stop_reason(out, finish, stops)
+    reason, sequence = stop_reason(out, finish, stops, capped)
     state.log_response(rid, [out.text])
     return json_response(message_object(rid, model, content_blocks(message), reason, sequence, usage(out, plan)))
 

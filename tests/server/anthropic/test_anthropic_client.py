@@ -182,3 +182,13 @@ def test_api_key_in_anthropics_header_and_401_in_its_shape(tiny_folder: Path) ->
                     model="tiny", max_tokens=2, messages=ASK)
             _error(httpx.post(srv.url + "/v1/messages", json={}, timeout=30), 401, "authentication_error")
             assert httpx.get(srv.url + "/v1/models", headers={"x-api-key": "sesame"}).status_code == 200
+
+
+def test_max_tokens_past_the_context_window_stops_at_the_window(server: RunningServer) -> None:
+    # Claude Code asks for 32,000 whatever the model: as Anthropic's newer models do, not an error.
+    with client_for(server).messages.stream(model="tiny", max_tokens=100_000, messages=ASK,
+                                            extra_body={"temperature": 0, "ignore_eos": True}) as stream:
+        msg = stream.get_final_message()  # the SDK streams what may be long
+    usage = msg.usage
+    prompt = usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+    assert msg.stop_reason == "model_context_window_exceeded" and prompt + usage.output_tokens == 512
