@@ -20,6 +20,8 @@ def tiny_config(family: str):  # noqa: ANN201 - a transformers config
         return LlamaConfig(**COMMON, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
                            tie_word_embeddings=False)
+    if family == "smollm":  # SmolLM2 / Llama 3.2 small: tied embeddings, plain RoPE at a large base, one KV head
+        return LlamaConfig(**{**COMMON, "num_key_value_heads": 1}, tie_word_embeddings=True, rope_theta=100000.0)
     if family == "mistral":
         return MistralConfig(**COMMON, sliding_window=8, head_dim=16)
     if family == "qwen2":
@@ -50,6 +52,8 @@ def tiny_config(family: str):  # noqa: ANN201 - a transformers config
 
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen3_moe", "qwen2_moe", "phi3"]
+# Variants of a family above that only the model parity test runs (cheap, and nothing else differs).
+VARIANTS = ["smollm"]
 
 
 def save_tiny_model(family: str, folder: Path, seed: int = 0) -> Path:

@@ -62,7 +62,6 @@ class LlamaAttention(nn.Module):
             q, k = rotated[:, : self.num_heads], rotated[:, self.num_heads :]
         return self.o_proj(self.attn(q, k, v))
 
-
     @staticmethod
     def biases(config: object) -> tuple[bool, bool]:
         """(q/k/v bias, o_proj bias)."""

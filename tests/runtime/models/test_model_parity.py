@@ -15,13 +15,13 @@ import torch
 
 from runtime.exec.model_runner import ModelRunner, RunnerConfig
 from runtime.step.forward_batch import BatchEntry, ForwardBatch
-from tests.tiny_models import FAMILIES, save_tiny_model
+from tests.tiny_models import FAMILIES, VARIANTS, save_tiny_model
 
 TOL = 1e-4
 PROMPT, DECODE = 20, 16
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=FAMILIES + VARIANTS)
 def family_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     folder = save_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
     return request.param, folder

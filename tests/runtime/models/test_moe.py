@@ -5,6 +5,7 @@ sparse. (Whole-model parity with transformers is test_model_parity.py's qwen3_mo
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -130,3 +131,22 @@ def test_sparse_layers_follow_decoder_sparse_step_and_mlp_only_layers() -> None:
     ref_names = {re.sub(r"\.(q|k|v|gate|up)_proj\.", lambda m: f".{fused[m[0][1:-1]]}.", n)
                  for n, _ in ref.named_parameters() if ".experts." not in n}
     assert ours_names == ref_names
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
+def test_moe_model_serves_in_bf16_with_int8_linears_and_dummy_weights(family: str, tmp_path: Path) -> None:
+    """The CPU's preparation (packed / int8 linears) leaves the stacked experts and routers alone, and
+    the engine serves the model in fp32, bf16, with int8 linears, and from random weights."""
+    from runtime import Engine
+    from tests.tiny_models import save_tiny_model
+
+    folder = save_tiny_model(family, tmp_path)
+    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    prompt = [list(range(5, 25))]
+    outs = {}
+    for name, kwargs in {"fp32": dict(dtype="float32"), "bf16": dict(dtype="bfloat16"),
+                         "int8": dict(dtype="bfloat16", quantization="int8"),
+                         "dummy": dict(dtype="bfloat16", load_format="dummy")}.items():
+        with Engine(model=str(folder), kv_cache_tokens=256, **kwargs) as engine:
+            outs[name] = engine.generate(input_ids=prompt, sampling_params=params)[0].token_ids
+    assert all(len(tokens) == 6 for tokens in outs.values()), outs
