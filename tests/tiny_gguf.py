@@ -90,3 +90,83 @@ def write_tiny_gemma3_gguf(path: Path, seed: int = 0, four_bit: bool = False, mi
     writer.write_tensors_to_file()
     writer.close()
     return expected
+
+
+# Hugging Face name (after "model.layers.N.") -> GGUF name (after "blk.N."), for writing a tiny HF
+# model as llama.cpp's converter would (Qwen families: no Q/K permutation).
+HF_TO_GGUF = {
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+}
+
+
+def write_gguf_from_hf(folder: Path, path: Path, arch: str) -> None:
+    """Write the tiny Hugging Face model in `folder` (tests/tiny_models.py) as a float32 GGUF of
+    architecture `arch` (qwen3, qwen3moe, qwen2moe), experts stacked [E, rows, cols] as llama.cpp does."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(folder))
+    state = load_file(str(folder / "model.safetensors"))
+    writer = GGUFWriter(str(path), arch)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"] if getattr(config, "rope_parameters", None)
+                              else config.rope_theta)
+    if getattr(config, "num_experts", 0):
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+        if getattr(config, "shared_expert_intermediate_size", 0):
+            writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
+    vocab = tiny_vocab()[: config.vocab_size]
+    vocab += [f"<extra_{i}>" for i in range(config.vocab_size - len(vocab))]
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(vocab)
+    writer.add_token_scores([0.0] * len(vocab))
+    writer.add_token_types([3] * 6 + [6] * 256 + [1] * (len(vocab) - 262))
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(1)
+    writer.add_unk_token_id(3)
+    writer.add_pad_token_id(0)
+    layers: dict[int, dict[str, dict[int, torch.Tensor]]] = {}
+    for name, tensor in state.items():
+        if name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
+            gguf = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                    "lm_head.weight": "output.weight"}[name]
+            writer.add_tensor(gguf, tensor.float().numpy())
+            continue
+        _, _, index, rest = name.split(".", 3)
+        if ".experts." in rest:  # mlp.experts.E.gate_proj.weight: stacked below
+            _, _, expert, proj, _ = rest.split(".")
+            layers.setdefault(int(index), {}).setdefault(proj, {})[int(expert)] = tensor
+            continue
+        writer.add_tensor(f"blk.{index}.{HF_TO_GGUF[rest]}", tensor.float().numpy())
+    for index, projections in sorted(layers.items()):
+        for proj, experts in projections.items():
+            stacked = torch.stack([experts[e] for e in sorted(experts)]).float().numpy()
+            gguf = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}[proj]
+            writer.add_tensor(f"blk.{index}.{gguf}.weight", stacked)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

@@ -59,6 +59,30 @@ _QWEN2_LAYER_NAMES = {
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
 }
+# Qwen3: Llama-shaped with QK-norm and no biases.
+_QWEN3_LAYER_NAMES = {
+    **_COMMON_LAYER_NAMES,
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+}
+# Mixture-of-experts layers: the router, and each projection of every expert stacked [E, rows, cols]
+# (runtime/models/weights.py reads `experts.gate_proj` etc. in that layout); a layer without
+# experts keeps the dense names above.
+_EXPERT_NAMES = {
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_exps.weight": "mlp.experts.gate_proj",
+    "ffn_up_exps.weight": "mlp.experts.up_proj",
+    "ffn_down_exps.weight": "mlp.experts.down_proj",
+}
+_SHARED_EXPERT_NAMES = {
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
+    "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+}
+_QWEN3MOE_LAYER_NAMES = {**_QWEN3_LAYER_NAMES, **_EXPERT_NAMES}
+_QWEN2MOE_LAYER_NAMES = {**_QWEN2_LAYER_NAMES, **_EXPERT_NAMES, **_SHARED_EXPERT_NAMES}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -151,6 +175,71 @@ def qwen2_config(reader: GGUFReader) -> dict[str, object]:
     }
 
 
+def qwen3_config(reader: GGUFReader) -> dict[str, object]:
+    """Build a Hugging Face `Qwen3Config` dict from GGUF metadata."""
+    config = _shared_config(reader, "qwen3")
+    heads = int(config["num_attention_heads"])
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        **config,
+        "head_dim": int(_field(reader, "qwen3.attention.key_length", int(config["hidden_size"]) // heads)),
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": config["num_hidden_layers"],
+        "attention_dropout": 0.0,
+    }
+
+
+def _dense_layers(reader: GGUFReader) -> list[int]:
+    """The layers of a mixture-of-experts GGUF that have a plain feed-forward block instead."""
+    names = {t.name for t in reader.tensors}
+    layers = int(_field(reader, f"{_field(reader, 'general.architecture')}.block_count"))
+    return [i for i in range(layers) if f"blk.{i}.ffn_gate_exps.weight" not in names]
+
+
+def _moe_config(reader: GGUFReader, arch: str, base: dict[str, object]) -> dict[str, object]:
+    experts_ffn = int(_field(reader, f"{arch}.expert_feed_forward_length"))
+    return {
+        **base,
+        "intermediate_size": int(_field(reader, f"{arch}.feed_forward_length", experts_ffn)),
+        "num_experts": int(_field(reader, f"{arch}.expert_count")),
+        "num_experts_per_tok": int(_field(reader, f"{arch}.expert_used_count")),
+        "moe_intermediate_size": experts_ffn,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": _dense_layers(reader),
+        "output_router_logits": False,
+    }
+
+
+def qwen3moe_config(reader: GGUFReader) -> dict[str, object]:
+    """Build a Hugging Face `Qwen3MoeConfig` dict (Qwen3-30B-A3B's family) from GGUF metadata."""
+    base = {**qwen3_config(_Renamed(reader, "qwen3moe", "qwen3")), "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe"}
+    return {**_moe_config(reader, "qwen3moe", base), "norm_topk_prob": True}  # as Qwen3-MoE's checkpoints
+
+
+def qwen2moe_config(reader: GGUFReader) -> dict[str, object]:
+    """Build a Hugging Face `Qwen2MoeConfig` dict (with its shared expert) from GGUF metadata."""
+    base = {**qwen2_config(_Renamed(reader, "qwen2moe", "qwen2")), "architectures": ["Qwen2MoeForCausalLM"],
+            "model_type": "qwen2_moe"}
+    shared = int(_field(reader, "qwen2moe.expert_shared_feed_forward_length", 0))
+    return {**_moe_config(reader, "qwen2moe", base), "norm_topk_prob": False,
+            "shared_expert_intermediate_size": shared}
+
+
+class _Renamed:
+    """A reader whose `<alias>.*` metadata keys read the `<arch>.*` ones (a MoE family's config is its
+    dense sibling's plus the experts)."""
+
+    def __init__(self, reader: GGUFReader, arch: str, alias: str) -> None:
+        self.tensors = reader.tensors
+        self.fields = {**reader.fields, **{alias + key[len(arch):]: value for key, value in reader.fields.items()
+                                           if key.startswith(arch + ".")}}
+
+
 @dataclass(frozen=True)
 class GGUFArchitecture:
     """How one GGUF `general.architecture` maps onto a Hugging Face checkpoint."""
@@ -163,6 +252,9 @@ class GGUFArchitecture:
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "gemma3": GGUFArchitecture(gemma3_config, _GEMMA3_LAYER_NAMES, norm_offset=-1.0),
     "qwen2": GGUFArchitecture(qwen2_config, _QWEN2_LAYER_NAMES),
+    "qwen3": GGUFArchitecture(qwen3_config, _QWEN3_LAYER_NAMES),
+    "qwen3moe": GGUFArchitecture(qwen3moe_config, _QWEN3MOE_LAYER_NAMES),
+    "qwen2moe": GGUFArchitecture(qwen2moe_config, _QWEN2MOE_LAYER_NAMES),
 }
 SUPPORTED_GGUF_ARCHITECTURES = tuple(GGUF_ARCHITECTURES)
 

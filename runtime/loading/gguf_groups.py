@@ -110,6 +110,8 @@ def decoded_tensors(reader: GGUFReader, decode: Callable[[GGMLQuantizationType, 
     keeps (this file's tensor_groups, or runtime/loading/gguf_int8_groups.py's)."""
     for tensor in reader.tensors:
         shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the fastest dimension first
+        if len(shape) != 2:
+            continue  # experts stacked [E, rows, cols]: no few-row kernel reads them as shipped yet
         groups = decode(tensor.tensor_type, tensor.data, shape)  # type: ignore[arg-type]
         if groups is not None:
             yield hf_name(tensor.name), groups
