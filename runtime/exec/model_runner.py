@@ -23,7 +23,7 @@ from runtime.kv.tiers import TierConfig, kv_digest
 from runtime.layers.output_layer import OutputLayer
 from runtime.loading.gguf_groups import read_int4_groups
 from runtime.loading.gguf_int8_groups import read_int8_groups
-from runtime.models import model_class
+from runtime.models import model_class, unreadable_config
 from runtime.models.weights import dummy_init, iterate_weights
 from runtime.step.contract import BatchEntry
 from runtime.step.forward_batch import ForwardBatch, HostBatch
@@ -35,7 +35,10 @@ GiB = 2**30
 def load_config(folder: Path) -> object:
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(str(folder))
+    try:
+        return AutoConfig.from_pretrained(str(folder))
+    except ValueError as error:  # e.g. a model_type transformers does not know: name it and what we serve
+        raise unreadable_config(folder, error) from error
 
 
 def load_model(folder: Path, config: object, dtype: torch.dtype, device: torch.device,

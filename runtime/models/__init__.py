@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import json
+from pathlib import Path
 
 from torch import nn
 
@@ -25,6 +27,23 @@ def model_class(config: object) -> type[nn.Module]:
         if name in ARCHITECTURES:
             module, cls = ARCHITECTURES[name]
             return getattr(importlib.import_module(module), cls)
-    raise ValueError(
-        f"unsupported architecture {names or '(none in config.json)'}; supported: {sorted(ARCHITECTURES)}"
-    )
+    raise unsupported(names)
+
+
+def unsupported(names: list[str]) -> ValueError:
+    return ValueError(f"unsupported architecture {names or '(none in config.json)'}; supported: {sorted(ARCHITECTURES)}")
+
+
+def unreadable_config(folder: Path, error: ValueError) -> ValueError:
+    """What to raise when transformers cannot read `folder`'s config: where its model_type is one
+    transformers does not know, the same error as an unsupported architecture (naming it and what
+    we serve), not transformers' advice to upgrade; otherwise transformers' own error."""
+    from transformers import CONFIG_MAPPING
+
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return error
+    if raw.get("model_type") in CONFIG_MAPPING:
+        return error
+    return unsupported(list(raw.get("architectures") or []) or [f"model_type {raw.get('model_type')!r}"])

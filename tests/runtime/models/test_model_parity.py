@@ -119,3 +119,17 @@ def test_unknown_architecture_is_a_clear_error(tmp_path: Path) -> None:
     for supported in ("Gemma3ForCausalLM", "LlamaForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM",
                       "Qwen2MoeForCausalLM"):
         assert supported in str(raised.value)
+
+
+def test_a_model_type_transformers_does_not_know_is_the_same_clear_error(tmp_path: Path) -> None:
+    import json
+
+    from runtime.exec.model_runner import load_config
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "foo_lm", "architectures": ["FooForCausalLM"]}))
+    named = r"unsupported architecture \['FooForCausalLM'\]; supported: .*Qwen3MoeForCausalLM"
+    with pytest.raises(ValueError, match=named):
+        load_config(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "foo_lm"}))
+    with pytest.raises(ValueError, match="unsupported architecture.*model_type 'foo_lm'"):
+        load_config(tmp_path)
