@@ -26,6 +26,7 @@ from runtime.engine_info import EngineInfo
 from runtime.exec.model_runner import ModelRunner, RunnerConfig, load_config
 from runtime.loading.sources import resolve_model_path
 from runtime.output import Output
+from runtime.sampling.jump_forward import JumpForward
 from runtime.sampling.pooling import PoolingParams
 from runtime.sampling_params import SamplingParams
 from runtime.step.loop import EngineLoop
@@ -92,7 +93,8 @@ class Engine:
         self.kv = self.runner.kv  # the KV state's one owner, handed to the scheduler and the loop
         self.allocator, self.cache = self.kv.allocator, self.kv.cache  # read by stats and slot checks
         policy = SchedulePolicy(a.schedule_policy, self.kv.cache, a.lpm_fallback_queue_len, a.page_size)
-        self.scheduler = Scheduler(a, self.kv, policy)
+        jump_forward = None if a.disable_jump_forward else JumpForward.for_tokenizer(self.tokenizer.hf)
+        self.scheduler = Scheduler(a, self.kv, policy, jump_forward)
 
     # -- submitting ---------------------------------------------------------------------------------
 

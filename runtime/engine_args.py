@@ -85,6 +85,9 @@ class EngineArgs:
     speculative_disable_by_batch_size: int | None = field(default=None, metadata={
         "help": "no drafts in a step with at least this many decoding requests (vLLM's disable_by_batch_size): "
                 "a big batch is already compute-bound, and verifying drafts adds rows. Default: never"})
+    disable_jump_forward: bool = field(default=False, metadata={
+        "help": "constrained requests (JSON schema, regex, EBNF, tool calls) draft their grammar's forced "
+                "continuation and verify it in one forward (exact: output unchanged); this turns that off"})
     num_threads: int | None = field(default=None, metadata={
         "help": "CPU threads at most (--cpu-threads; default: OMP_NUM_THREADS, else the cores this process may use: "
                 "its affinity mask and cgroup CPU quota)"})

@@ -18,9 +18,14 @@ kept with probability p(d) under that position's distribution, and on the first 
 token comes from p with d removed, renormalised; so every emitted token is distributed as plain
 sampling's. Each position uses the request's own uniform for that output position, so a seeded
 request emits the same tokens with speculation on or off. Penalties, logit bias, min_new_tokens
-and logprobs work per position as they do one token at a time. Requests with a grammar (its
-matcher state would have to advance along the draft) decode one token at a time, as does any
-request with `speculative: false` in its sampling parameters.
+and logprobs work per position as they do one token at a time. A request with
+`speculative: false` in its sampling parameters decodes one token at a time.
+
+A request with a grammar drafts its grammar's forced continuation first (jump-forward,
+runtime/sampling/jump_forward.py; on unless --disable-jump-forward), then, with n-gram speculation
+on, a prompt-lookup continuation of it cut where the grammar refuses a token. Every draft row's
+logits are masked by the grammar as it stands after the draft tokens before it, so the rule above
+holds for them too.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from runtime.sampling.jump_forward import JumpForward, grammar_prefix
 from runtime.sampling.sampler import SampleRow
 from runtime.step.request import Req
 
@@ -57,9 +63,23 @@ def propose(tokens: list[int], config: SpeculativeConfig) -> list[int]:
 
 
 def may_speculate(req: Req) -> bool:
-    """Whether a decoding request may draft: it did not opt out, no grammar constrains it, and its
-    last token is on the host (not still in flight from an overlapped step)."""
-    return req.params.speculative and req.grammar is None and not req.inflight
+    """Whether a decoding request may draft: it did not opt out, and its last token is on the host
+    (not still in flight from an overlapped step; a grammar's matcher must have accepted it)."""
+    return req.params.speculative and not req.inflight
+
+
+def propose_draft(req: Req, room: int, config: SpeculativeConfig | None,
+                  jump_forward: JumpForward | None) -> tuple[list[int], int]:
+    """A decoding request's draft of at most `room` tokens, and how many of its leading tokens are
+    its grammar's forced continuation (jump-forward); the rest come from prompt lookup."""
+    forced = jump_forward.propose(req.grammar, room) if jump_forward is not None and req.grammar is not None else []
+    draft = list(forced)
+    if config is not None and len(draft) < room:
+        more = propose(req.all_ids + draft, config)[: min(config.num_draft_tokens, room - len(draft))]
+        if more and req.grammar is not None:  # keep what the grammar allows after the forced run
+            more = more[: max(grammar_prefix(req.grammar, draft + more) - len(draft), 0)]
+        draft += more
+    return draft, len(forced)
 
 
 def draft_sample_rows(req: Req, draft: list[int]) -> list[SampleRow]:

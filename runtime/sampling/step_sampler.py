@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from runtime.kv.last_logits import LastLogits
+from runtime.sampling.jump_forward import draft_matchers
 from runtime.sampling.pooling import pooled_rows
 from runtime.sampling.sampler import Sampler, SampleRow, device_ids, prompt_logprobs
 from runtime.sampling.speculative import draft_sample_rows
@@ -53,7 +54,7 @@ class StepSampler:
                     out.sampled_reqs.append(req)
                 continue
             if entry.draft:  # a decode verifying a draft: the model's choice at every position
-                out.drafts.append((req, entry.token_ids[-entry.draft :]))
+                out.drafts.append((req, entry.token_ids[-entry.draft :], entry.forced))
                 draft_rows.extend(range(start, start + count))
                 continue
             if entry.logits_from is not None:
@@ -74,11 +75,13 @@ class StepSampler:
             assert logits is not None or not (rows or draft_rows)
             picked = self._rows(logits, rows, [row for _, row in ready], draft_rows)
             matchers = [r.grammar for r in out.generating]
+            for req, draft, _ in out.drafts:  # each draft row masked by the grammar after the draft before it
+                matchers += draft_matchers(req.grammar, draft) if req.grammar is not None else [None] * (len(draft) + 1)
             if any(m is not None for m in matchers):
-                self.grammar_mask(picked[: len(out.generating)], matchers)
+                self.grammar_mask(picked, matchers)
             sample_rows = [SampleRow(r.params, r.prompt_ids, r.output_ids, r.seed,
                                      drawn=len(r.output_ids) + r.inflight) for r in out.generating]
-            for req, draft in out.drafts:
+            for req, draft, _ in out.drafts:
                 sample_rows += draft_sample_rows(req, draft)
             out.result = self.sampler.sample_async(picked, sample_rows)
         return out

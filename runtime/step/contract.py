@@ -37,6 +37,7 @@ class BatchEntry:
     logits_from: int | None = None  # also return logits of new-token offsets >= this
     future: int | None = None  # token_ids[-1] is the previous step's sampled id number `future`
     draft: int = 0  # the last `draft` tokens are proposals to verify (runtime/sampling/speculative.py)
+    forced: int = 0  # of those, how many lead with the grammar's forced continuation (sampling/jump_forward.py)
     keep_hidden: bool = False  # a pooling request: the step also returns every new token's hidden state
 
 
@@ -103,10 +104,12 @@ class StepPlan:
         assert len(tokens) == num_tokens
         self._put(req, BatchEntry(req.row, req.kv_len, tokens, logits_from, keep_hidden=req.pooling is not None))
 
-    def add_draft(self, req: Req, draft: list[int]) -> None:
-        """A decode with proposed next tokens: the last known token and the draft, logits at each."""
+    def add_draft(self, req: Req, draft: list[int], forced: int = 0) -> None:
+        """A decode with proposed next tokens: the last known token and the draft, logits at each;
+        the draft's first `forced` tokens are its grammar's forced continuation."""
         assert req.row is not None and not req.inflight and req.kv_len == req.seq_len - 1
-        self._put(req, BatchEntry(req.row, req.kv_len, [req.token_at(req.kv_len), *draft], 0, draft=len(draft)))
+        self._put(req, BatchEntry(req.row, req.kv_len, [req.token_at(req.kv_len), *draft], 0, draft=len(draft),
+                                  forced=forced))
 
     def add_ready(self, req: Req, logits: torch.Tensor) -> None:
         assert req.row is not None and req.kv_len == req.seq_len
@@ -149,7 +152,8 @@ class StepOutputs:
     prompt_logprobs: list[tuple[Req, list, list]] = field(default_factory=list)  # (req, values, tops)
     sampled_reqs: list[Req] = field(default_factory=list)  # requests that reached their last prompt token
     generating: list[Req] = field(default_factory=list)  # of those, the ones that sample a token (ready ones last)
-    drafts: list[tuple[Req, list[int]]] = field(default_factory=list)  # decodes verifying drafts
+    # Decodes verifying drafts: (req, draft, how many of its leading tokens the grammar forced).
+    drafts: list[tuple[Req, list[int], int]] = field(default_factory=list)
     pooled: list[tuple[Req, PooledRows]] = field(default_factory=list)  # pooling requests' rows (sampling/pooling.py)
     # Rows of `result`: one per generating request, then 1 + len(draft) per drafting one.
     result: PendingSample | None = None

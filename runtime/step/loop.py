@@ -291,6 +291,9 @@ class EngineLoop:
             drafted, kept = counters.draft_tokens, self.output.accepted_draft_tokens
             stats.update({"spec_draft_tokens_total": drafted, "spec_accepted_tokens_total": kept,
                           "spec_acceptance_rate": kept / drafted if drafted else 0.0})
+        if sched.jump_forward is not None:  # constrained requests' forced continuations (runtime/sampling/jump_forward.py)
+            stats.update({"jump_forward_draft_tokens_total": counters.forced_draft_tokens,
+                          "jump_forward_accepted_tokens_total": self.output.accepted_forced_tokens})
         if self.kv.tiers is not None:  # the prefix cache's host and disk tiers (runtime/kv/tiers.py)
             tiers, tree = self.kv.tiers, cache.stats  # type: ignore[attr-defined]
             stats.update({

@@ -27,7 +27,8 @@ class OutputProcessor:
         self.context_len = context_len
         self.requests: dict[str, Req] = {}  # every request not yet finished, by rid
         self.generated_tokens = 0
-        self.accepted_draft_tokens = 0  # draft tokens the model chose too (runtime/sampling/speculative.py)
+        self.accepted_draft_tokens = 0  # prompt-lookup draft tokens the model chose too (runtime/sampling/speculative.py)
+        self.accepted_forced_tokens = 0  # jump-forward draft tokens the model chose too (runtime/sampling/jump_forward.py)
         self.outbox: list[tuple[Callable[[Output], None], Output]] = []
 
     def advance(self, plan: StepPlan, out: StepOutputs) -> None:
@@ -78,12 +79,13 @@ class OutputProcessor:
         position it did not (rejection sampling for sampled requests: runtime/sampler.verify_draft);
         the rejected positions' KV slots go back (runtime/sampling/speculative.py). r's rows from j on are
         the drafts' positions, in order."""
-        for req, draft in out.drafts:
+        for req, draft, forced in out.drafts:
             rows, j = range(j, j + len(draft) + 1), j + len(draft) + 1
             if req.state is not ReqState.RUNNING:
                 continue
             n = accepted(draft, [r.token_ids[i] for i in rows])
-            self.accepted_draft_tokens += n
+            self.accepted_forced_tokens += min(n, forced)
+            self.accepted_draft_tokens += n - min(n, forced)
             self.kv.verified(req, req.kv_len - len(draft) + n)
             for i in rows[: n + 1]:
                 self._append(req, r.token_ids[i], r.logprobs[i], r.top_logprobs[i])

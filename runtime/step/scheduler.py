@@ -22,7 +22,8 @@ from runtime.engine_args import EngineArgs
 from runtime.kv import KVManager
 from runtime.output import Logprobs
 from runtime.sampling.pooling import PoolState
-from runtime.sampling.speculative import SpeculativeConfig, may_speculate, propose
+from runtime.sampling.jump_forward import JumpForward
+from runtime.sampling.speculative import SpeculativeConfig, may_speculate, propose_draft
 from runtime.step.contract import StepPlan
 from runtime.step.request import Req, ReqState
 from runtime.step.schedule_policy import SchedulePolicy
@@ -39,11 +40,14 @@ class SchedulerCounters:
     cached_tokens: int = 0
     computed_prompt_tokens: int = 0  # prompt tokens actually run through the model (incl. recompute)
     retractions: int = 0
-    draft_tokens: int = 0  # tokens proposed by speculative decoding (runtime/sampling/speculative.py)
+    draft_tokens: int = 0  # tokens proposed by prompt lookup (runtime/sampling/speculative.py)
+    forced_draft_tokens: int = 0  # tokens proposed by jump-forward (runtime/sampling/jump_forward.py)
 
 
 class Scheduler:
-    def __init__(self, args: EngineArgs, kv: KVManager, policy: SchedulePolicy) -> None:
+    def __init__(self, args: EngineArgs, kv: KVManager, policy: SchedulePolicy,
+                 jump_forward: JumpForward | None = None) -> None:
+        """jump_forward: drafts constrained requests' forced continuations (None: off)."""
         self.args = args
         self.kv = kv
         self.policy = policy
@@ -55,6 +59,7 @@ class Scheduler:
         self.speculative = (SpeculativeConfig(args.speculative_num_draft_tokens, args.speculative_ngram_min,
                                               args.speculative_ngram_max, args.speculative_disable_by_batch_size)
                             if args.speculative_algorithm == "ngram" else None)
+        self.jump_forward = jump_forward
 
     def add(self, req: Req) -> None:
         self.waiting.append(req)
@@ -97,15 +102,16 @@ class Scheduler:
 
     def _schedule_decodes(self, plan: StepPlan) -> None:
         decoding = [r for r in self.running if r.is_decoding]
-        drafts = self._drafts(decoding)
+        drafts, forced = self._drafts(decoding)
         if drafts and not self.kv.grow_decodes(decoding, drafts):
             drafts = {}  # no room to verify drafts this step: decode one token each
         if drafts or self.kv.grow_decodes(decoding):  # the common case: everyone fits, one allocation
             for req in decoding:
                 draft = drafts.get(req)
                 if draft:
-                    plan.add_draft(req, draft)
-                    self.counters.draft_tokens += len(draft)
+                    plan.add_draft(req, draft, forced[req])
+                    self.counters.draft_tokens += len(draft) - forced[req]
+                    self.counters.forced_draft_tokens += forced[req]
                 else:
                     plan.add(req, 1)
             return
@@ -121,22 +127,25 @@ class Scheduler:
             else:
                 plan.add(req, 1)
 
-    def _drafts(self, decoding: list[Req]) -> dict[Req, list[int]]:
-        """Prompt-lookup drafts for the decoding requests that may speculate (runtime/sampling/speculative.py)."""
-        config = self.speculative
-        if config is None or (config.disable_by_batch_size is not None and len(decoding) >= config.disable_by_batch_size):
-            return {}
-        drafts = {}
+    def _drafts(self, decoding: list[Req]) -> tuple[dict[Req, list[int]], dict[Req, int]]:
+        """Drafts for the decoding requests that may speculate, and how many of each one's leading
+        tokens are its grammar's forced continuation (runtime/sampling/speculative.py)."""
+        config, jump = self.speculative, self.jump_forward
+        if config is None and jump is None:
+            return {}, {}
+        if config is not None and config.disable_by_batch_size is not None and len(decoding) >= config.disable_by_batch_size:
+            return {}, {}
+        drafts, forced = {}, {}
         for req in decoding:
-            if not may_speculate(req):
+            if not may_speculate(req) or (config is None and req.grammar is None):
                 continue
             # never past max_new_tokens (the verified tokens plus the model's own next one) or the context
             room = min(req.params.max_new_tokens - len(req.output_ids) - 1, self.kv.table.max_context - req.seq_len - 1)
             if room > 0:
-                draft = propose(req.all_ids, config)[:room]
+                draft, forced[req] = propose_draft(req, room, config, jump)
                 if draft:
                     drafts[req] = draft
-        return drafts
+        return drafts, forced
 
     def _continue_prefills(self, plan: StepPlan, budget: int) -> int:
         for req in list(self.running):

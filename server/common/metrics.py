@@ -41,9 +41,20 @@ class EngineCollector(Collector):
                                   s["cached_tokens_total"])
         yield CounterMetricFamily("radixserve_generation_tokens", "Tokens generated", s["generated_tokens_total"])
         yield CounterMetricFamily("radixserve_retractions", "Requests preempted for KV room", s["retractions_total"])
+        yield from self._drafts(s)
         yield from self._peer_names(s)
         if "tier_lower_tokens" in s:  # host / disk tiers on (runtime/kv/tiers.py)
             yield from self._tiers(s)
+
+    @staticmethod
+    def _drafts(s: dict[str, float]) -> Iterator[CounterMetricFamily]:
+        """Draft tokens proposed and kept: jump-forward (a grammar's forced continuation) and n-gram."""
+        for key, what in (("jump_forward", "grammar-forced (jump-forward)"), ("spec", "prompt-lookup (n-gram)")):
+            if f"{key}_draft_tokens_total" in s:
+                yield CounterMetricFamily(f"radixserve_{key}_draft_tokens", f"Draft tokens proposed, {what}",
+                                          s[f"{key}_draft_tokens_total"])
+                yield CounterMetricFamily(f"radixserve_{key}_accepted_tokens", f"Draft tokens the model chose too, {what}",
+                                          s[f"{key}_accepted_tokens_total"])
 
     def _tiers(self, s: dict[str, float]) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         """Per tier: prompt tokens served from it (a lower tier's by promotion), promotions,
