@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import anthropic
 import httpx
@@ -121,3 +120,14 @@ def test_anthropic_and_ollama_get_the_same_on_that_model(server: RunningServer) 
     assert reply.done
     for call in reply.message.tool_calls or []:
         assert call.function.arguments["city"] in ("Paris", "Tokyo")
+
+
+def test_the_responses_api_gets_it_too(server: RunningServer) -> None:
+    tool = {"type": "function", **WEATHER["function"]}
+    resp = httpx.post(server.url + "/v1/responses", timeout=120, json={
+        "model": "tiny", "input": "What is the weather in Paris?", "tools": [tool], "max_output_tokens": 40})
+    assert resp.status_code == 200, resp.text
+    for item in resp.json()["output"]:
+        assert item["type"] in ("message", "function_call")
+        if item["type"] == "function_call":
+            assert item["name"] == "get_weather" and json.loads(item["arguments"])["city"] in ("Paris", "Tokyo")
