@@ -60,10 +60,12 @@ def stop_reason(out: Output, finish_reason: str | None, stop_sequences: Sequence
     return "end_turn", None
 
 
-def content_blocks(message: AssistantMessage) -> list[dict[str, object]]:
+def content_blocks(message: AssistantMessage, omit_thinking: bool = False) -> list[dict[str, object]]:
+    """`omit_thinking`: the request's thinking.display is "omitted": the block, without its text."""
     blocks: list[dict[str, object]] = []
     if message.reasoning_content:
-        blocks.append({"type": "thinking", "thinking": message.reasoning_content, "signature": ""})
+        thought = "" if omit_thinking else message.reasoning_content
+        blocks.append({"type": "thinking", "thinking": thought, "signature": ""})
     if message.content:
         blocks.append({"type": "text", "text": message.content})
     for call in message.tool_calls or []:
@@ -87,15 +89,17 @@ def message_object(rid: str, model: str, blocks: list[dict[str, object]], reason
 class BlockStream:
     """The chat pipeline's streamed deltas as content blocks and their events."""
 
-    def __init__(self) -> None:
+    def __init__(self, omit_thinking: bool = False) -> None:
         self.index = -1
         self.open: str | None = None
+        self.omit_thinking = omit_thinking
 
     def feed(self, delta: DeltaMessage) -> list[dict[str, object]]:
         events: list[dict[str, object]] = []
         if delta.reasoning_content:
             events += self._start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-            events.append(self._delta({"type": "thinking_delta", "thinking": delta.reasoning_content}))
+            if not self.omit_thinking:
+                events.append(self._delta({"type": "thinking_delta", "thinking": delta.reasoning_content}))
         if delta.content:
             events += self._start("text", {"type": "text", "text": ""})
             events.append(self._delta({"type": "text_delta", "text": delta.content}))
@@ -136,9 +140,10 @@ class BlockStream:
 
 
 async def message_events(rid: str, model: str, plan: ChatPlan, stream: AsyncIterator[Output],
-                         stop_sequences: Sequence[str], capped: bool = False) -> AsyncIterator[dict[str, object]]:
+                         stop_sequences: Sequence[str], capped: bool = False,
+                         omit_thinking: bool = False) -> AsyncIterator[dict[str, object]]:
     choice = ChoiceStream(plan)
-    blocks = BlockStream()
+    blocks = BlockStream(omit_thinking)
     started = False
     async for out in stream:
         if out.error:

@@ -60,15 +60,16 @@ async def messages(request: Request) -> Response:
     state.log_request(rid, body.messages)
     model = body.model or state.served_model_name
     stops = body.stop_sequences or []
+    omit = body.thinking is not None and body.thinking.display == "omitted"  # Claude Code asks this
     if body.stream:
         stream = await stream_chat(state, plan)
-        events = message_events(rid, model, plan, stream, stops, capped)
+        events = message_events(rid, model, plan, stream, stops, capped, omit)
         return StreamingResponse(sse(events), media_type="text/event-stream")
     (out,) = await run_chat(state, plan)
     message, finish = final_message(plan, out)
     reason, sequence = stop_reason(out, finish, stops, capped)
     state.log_response(rid, [out.text])
-    return json_response(message_object(rid, model, content_blocks(message), reason, sequence, usage(out, plan)))
+    return json_response(message_object(rid, model, content_blocks(message, omit), reason, sequence, usage(out, plan)))
 
 
 @anthropic_errors

@@ -77,6 +77,13 @@ def test_thinking_comes_back_as_thinking_blocks(tools_server: RunningServer) -> 
     assert "".join(deltas) == msg.content[0].thinking
     off = client.messages.create(model="tiny", max_tokens=4, messages=ASK, thinking={"type": "disabled"})
     assert all(b.type != "thinking" for b in off.content)
+    omitted = {"type": "adaptive", "display": "omitted"}  # what Claude Code sends
+    hidden = client.messages.create(model="tiny", max_tokens=8, messages=ASK, thinking=omitted, extra_body=greedy)
+    assert hidden.content[0].type == "thinking" and hidden.content[0].thinking == ""
+    with client.messages.stream(model="tiny", max_tokens=8, messages=ASK, thinking=omitted,
+                                extra_body=greedy) as stream:
+        kinds = [e.delta.type for e in stream if e.type == "content_block_delta"]
+        assert "thinking_delta" not in kinds and stream.get_final_message().content[0].type == "thinking"
 
 
 def test_output_config_format_constrains_the_text_to_the_schema(tools_server: RunningServer) -> None:
