@@ -15,6 +15,7 @@ import pytest
 import frontend_lang as sgl
 from runtime import Engine
 from runtime.sampling.jump_forward import JumpForward, draft_matchers, grammar_prefix
+from server.common.metrics import Metrics
 from server.parsers.tools import PARSERS
 from server.parsers.tools.base import ToolSpec
 from server.parsers.tools.grammar import structural_tag
@@ -130,6 +131,13 @@ def test_with_ngram_speculation(folder: Path, plain: list) -> None:
     assert stats["jump_forward_draft_tokens_total"] > 0 and stats["spec_draft_tokens_total"] > 0
 
 
+def test_with_the_overlap_scheduler(folder: Path, plain: list) -> None:
+    """Overlapped (the GPU default), a constrained request's last token is in flight when the next
+    step is planned: it drafts nothing yet, and its output is unchanged."""
+    outs, _ = _generate(folder, CASES, overlap_schedule="on")
+    _same(outs, plain)
+
+
 def test_a_forced_run_split_otherwise_than_the_model_splits_it(folder: Path) -> None:
     """The draft is the forced text as the tokenizer splits it (`the` `n`); a model that prefers `t`
     rejects it there, and its own tokens are the output, as without jump-forward."""
@@ -160,8 +168,15 @@ def test_streamed_text_is_the_same(folder: Path, plain: list) -> None:
 
     with Engine(model=str(folder), dtype="float32", kv_cache_tokens=2048) as engine:
         streamed = asyncio.run(run_all(engine))
-        assert engine.stats()["jump_forward_accepted_tokens_total"] > 0
+        stats = engine.stats()
+        assert stats["jump_forward_accepted_tokens_total"] > 0
         assert_slots_balanced(engine)
+        # /metrics counts them (server/common/metrics.py)
+        scraped = dict(line.rsplit(" ", 1) for line in Metrics(engine, "tiny").render().decode().splitlines()
+                       if line.startswith("radixserve_jump_forward"))
+        assert float(scraped["radixserve_jump_forward_draft_tokens_total"]) == stats["jump_forward_draft_tokens_total"]
+        assert float(scraped["radixserve_jump_forward_accepted_tokens_total"]) == \
+               stats["jump_forward_accepted_tokens_total"]
     assert streamed == [plain[index[i]].text for i in picks]
 
 
