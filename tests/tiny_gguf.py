@@ -112,7 +112,8 @@ HF_TO_GGUF = {
 
 def write_gguf_from_hf(folder: Path, path: Path, arch: str) -> None:
     """Write the tiny Hugging Face model in `folder` (tests/tiny_models.py) as a float32 GGUF of
-    architecture `arch` (qwen3, qwen3moe, qwen2moe), experts stacked [E, rows, cols] as llama.cpp does."""
+    architecture `arch` (llama, qwen3, qwen3moe, qwen2moe) as llama.cpp writes one: experts stacked
+    [E, rows, cols], a Llama file's q and k rows reordered for interleaved RoPE."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig
@@ -160,6 +161,11 @@ def write_gguf_from_hf(folder: Path, path: Path, arch: str) -> None:
             _, _, expert, proj, _ = rest.split(".")
             layers.setdefault(int(index), {}).setdefault(proj, {})[int(expert)] = tensor
             continue
+        if arch == "llama" and rest in ("self_attn.q_proj.weight", "self_attn.k_proj.weight"):
+            # llama.cpp reorders a Llama file's q and k rows for its interleaved RoPE
+            heads = config.num_attention_heads if rest.startswith("self_attn.q") else config.num_key_value_heads
+            rows, cols = tensor.shape
+            tensor = tensor.reshape(heads, 2, rows // heads // 2, cols).swapaxes(1, 2).reshape(rows, cols)
         writer.add_tensor(f"blk.{index}.{HF_TO_GGUF[rest]}", tensor.float().numpy())
     for index, projections in sorted(layers.items()):
         for proj, experts in projections.items():

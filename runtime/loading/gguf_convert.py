@@ -59,6 +59,8 @@ _QWEN2_LAYER_NAMES = {
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
 }
+# Llama (and Mistral, SmolLM: llama.cpp files them under "llama"): "ffn_norm" is the post-attention norm.
+_LLAMA_LAYER_NAMES = {**_COMMON_LAYER_NAMES, "ffn_norm.weight": "post_attention_layernorm.weight"}
 # Qwen3: Llama-shaped with QK-norm and no biases.
 _QWEN3_LAYER_NAMES = {
     **_COMMON_LAYER_NAMES,
@@ -193,6 +195,39 @@ def qwen3_config(reader: GGUFReader) -> dict[str, object]:
     }
 
 
+def llama_config(reader: GGUFReader) -> dict[str, object]:
+    """Build a Hugging Face `LlamaConfig` dict from GGUF metadata. Llama 3.1+ files carry their RoPE
+    scaling as per-frequency factors (`rope_freqs.weight`), which are not read yet: a clear error."""
+    if "rope_freqs.weight" in {t.name for t in reader.tensors}:
+        raise ValueError("GGUF architecture 'llama' with rope_freqs.weight (Llama 3.1+ RoPE scaling as frequency "
+                         "factors) is not supported yet; a Hugging Face folder of the same model is")
+    config = _shared_config(reader, "llama")
+    heads = int(config["num_attention_heads"])
+    head_dim = int(_field(reader, "llama.rope.dimension_count", int(config["hidden_size"]) // heads))
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        **config,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+    }
+
+
+def unpermute_llama_qk(reader: GGUFReader, name: str, weight: torch.Tensor) -> torch.Tensor:
+    """llama.cpp stores a Llama file's q and k rows reordered for its interleaved RoPE (each head's
+    halves interleaved pair by pair); put them back in the Hugging Face order (halves split)."""
+    if name.endswith("self_attn.q_proj.weight"):
+        heads = int(_field(reader, "llama.attention.head_count"))
+    elif name.endswith("self_attn.k_proj.weight"):
+        heads = int(_field(reader, "llama.attention.head_count_kv"))
+    else:
+        return weight
+    rows = weight.shape[0]
+    return weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
 def _dense_layers(reader: GGUFReader) -> list[int]:
     """The layers of a mixture-of-experts GGUF that have a plain feed-forward block instead."""
     names = {t.name for t in reader.tensors}
@@ -247,11 +282,18 @@ class GGUFArchitecture:
     config: Callable[[GGUFReader], dict[str, object]]
     layer_names: dict[str, str]
     norm_offset: float = 0.0  # added to every "*norm.weight" (Gemma stores 1 + w)
+    # (reader, Hugging Face name, dequantized weight) -> the weight as Hugging Face lays it out
+    transform: Callable[[GGUFReader, str, torch.Tensor], torch.Tensor] | None = None
+    # GGUF tensors (after "blk.N.") whose quantized codes are not kept as shipped (their rows need
+    # the transform, which the kept codes do not get)
+    unkept: tuple[str, ...] = ()
 
 
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "gemma3": GGUFArchitecture(gemma3_config, _GEMMA3_LAYER_NAMES, norm_offset=-1.0),
     "qwen2": GGUFArchitecture(qwen2_config, _QWEN2_LAYER_NAMES),
+    "llama": GGUFArchitecture(llama_config, _LLAMA_LAYER_NAMES, transform=unpermute_llama_qk,
+                              unkept=("attn_q.weight", "attn_k.weight")),
     "qwen3": GGUFArchitecture(qwen3_config, _QWEN3_LAYER_NAMES),
     "qwen3moe": GGUFArchitecture(qwen3moe_config, _QWEN3MOE_LAYER_NAMES),
     "qwen2moe": GGUFArchitecture(qwen2moe_config, _QWEN2MOE_LAYER_NAMES),
@@ -280,7 +322,7 @@ def dequantized_state_dict(
 ) -> dict[str, torch.Tensor]:
     """Dequantize every tensor of the GGUF into a Hugging Face-named state dict."""
     arch = gguf_architecture(reader)
-    norm_offset = GGUF_ARCHITECTURES[arch].norm_offset
+    norm_offset, transform = GGUF_ARCHITECTURES[arch].norm_offset, GGUF_ARCHITECTURES[arch].transform
     state: dict[str, torch.Tensor] = {}
     for tensor in tqdm(reader.tensors, desc="dequantizing", unit="tensor", disable=not progress):
         # GGUF records shapes fastest-dimension first; numpy wants them reversed.
@@ -290,6 +332,8 @@ def dequantized_state_dict(
         name = hf_tensor_name(tensor.name, arch)
         if norm_offset and name.endswith(_NORM_SUFFIX):
             weight = weight + norm_offset
+        if transform is not None:
+            weight = transform(reader, name, weight)
         state[name] = weight.to(dtype).contiguous()
     return state
 
@@ -303,7 +347,16 @@ def keep_groups(reader: GGUFReader, out_dir: Path, file_name: str) -> int:
     """Write one of KEPT_GROUP_FILES into `out_dir`: the GGUF's quantized tensors of that kind as
     shipped, under their Hugging Face names; how many."""
     arch = gguf_architecture(reader)
-    return GROUP_WRITERS[file_name](reader, out_dir, lambda name: hf_tensor_name(name, arch))
+    unkept = GGUF_ARCHITECTURES[arch].unkept
+    kept = _Tensors(reader, [t for t in reader.tensors if t.name.split(".", 2)[-1] not in unkept]) if unkept else reader
+    return GROUP_WRITERS[file_name](kept, out_dir, lambda name: hf_tensor_name(name, arch))  # type: ignore[arg-type]
+
+
+class _Tensors:
+    """A reader seen with only some of its tensors."""
+
+    def __init__(self, reader: GGUFReader, tensors: list) -> None:
+        self.fields, self.tensors = reader.fields, tensors
 
 
 def convert_gguf(

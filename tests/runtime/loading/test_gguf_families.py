@@ -1,4 +1,4 @@
-"""A user's GGUF of the Qwen families (Qwen3, Qwen3-MoE, Qwen2-MoE) serves by path: written from a
+"""A user's GGUF of the Llama and Qwen families (SmolLM-shaped Llama, Qwen3, Qwen3-MoE, Qwen2-MoE) serves by path: written from a
 tiny random Hugging Face model as llama.cpp lays it out (experts stacked per projection), converted,
 and greedy-identical (fp32) to transformers on the original model, cache on and off. Which layers
 are sparse comes from the file itself (a layer without experts is dense)."""
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from transformers import AutoConfig
 
@@ -17,11 +18,12 @@ from tests.tiny_gguf import write_gguf_from_hf
 from tests.tiny_models import save_tiny_model
 
 STEPS = 8
-CASES = {"qwen3": "qwen3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}  # our tiny family -> GGUF arch
+# our tiny family -> GGUF arch (smollm: Llama-shaped without Llama 3's RoPE scaling, as SmolLM2 ships)
+CASES = {"smollm": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}
 
 
 @pytest.mark.parametrize("family", list(CASES))
-def test_a_qwen_gguf_serves_greedy_identical_to_transformers(family: str, tmp_path: Path,
+def test_a_gguf_serves_greedy_identical_to_transformers(family: str, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RADIXSERVE_HOME", str(tmp_path / "home"))
     folder = save_tiny_model(family, tmp_path / family)
@@ -53,3 +55,31 @@ def test_an_unsupported_gguf_architecture_names_it_and_the_supported_ones(tmp_pa
     writer.close()
     with pytest.raises(ValueError, match=r"'mamba' is not supported; supported: .*qwen3moe"):
         resolve_model_path(str(path))
+
+
+def test_a_llama_file_with_rope_frequency_factors_is_a_clear_error(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from gguf import GGUFWriter
+
+    monkeypatch.setenv("RADIXSERVE_HOME", str(tmp_path / "home"))
+    folder = save_tiny_model("smollm", tmp_path / "smollm")
+    gguf = tmp_path / "llama31.gguf"
+    write_gguf_from_hf(folder, gguf, "llama")
+    # the same file with Llama 3.1's frequency factors added
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf))
+    writer = GGUFWriter(str(tmp_path / "with-freqs.gguf"), "llama")
+    for field in reader.fields.values():
+        if not field.name.startswith("GGUF.") and field.name != "general.architecture":
+            writer.add_key_value(field.name, field.contents(), field.types[0],
+                                 field.types[-1] if field.types[0] == field.types[0].ARRAY else None)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data.reshape([int(d) for d in reversed(tensor.shape)]))
+    writer.add_tensor("rope_freqs.weight", np.ones(8, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="rope_freqs"):
+        resolve_model_path(str(tmp_path / "with-freqs.gguf"))
