@@ -146,6 +146,8 @@ class EngineLoop:
     # -- one step -----------------------------------------------------------------------------------
 
     def _step(self) -> None:
+        if self._inflight is not None and self._drafts_wait(self._inflight):
+            self._complete_inflight()  # its constrained requests draft only from a last token on the host
         with self._timed("schedule"):
             plan = self.scheduler.schedule()
         for req in self.scheduler.failed:
@@ -170,6 +172,15 @@ class EngineLoop:
             else:
                 self._complete(launched)
         self.steps += 1
+
+    def _drafts_wait(self, launched: LaunchedStep) -> bool:
+        """Whether the next step should be planned after `launched` is read rather than beside it:
+        a draft's kept length is known only then, and a constrained request drafts its grammar's
+        forced continuation (runtime/sampling/jump_forward.py) only once its matcher has taken its
+        last token. The masks are filled on the host anyway, so little overlap is lost: the next
+        forward still runs while they are."""
+        return bool(launched.outputs.drafts) or self.scheduler.jump_forward is not None and any(
+            r.grammar is not None and r.params.speculative for r in launched.outputs.generating)
 
     def _launch(self, plan: StepPlan) -> LaunchedStep:
         """Forward and sample one step; its tokens stay on the device (and start their way home)."""
