@@ -139,6 +139,13 @@ def write_gguf_from_hf(folder: Path, path: Path, arch: str) -> None:
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
         if getattr(config, "shared_expert_intermediate_size", 0):
             writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
+    scaling = getattr(config, "rope_parameters", None) or {}
+    if arch == "llama" and scaling.get("rope_type") == "llama3":  # Llama 3.1+: the factors, as llama.cpp writes them
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+        plain = scaling["rope_theta"] ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        writer.add_tensor("rope_freqs.weight", (plain / scaled.double()).float().numpy())
     vocab = tiny_vocab()[: config.vocab_size]
     vocab += [f"<extra_{i}>" for i in range(config.vocab_size - len(vocab))]
     writer.add_tokenizer_model("llama")

@@ -85,6 +85,8 @@ _SHARED_EXPERT_NAMES = {
 }
 _QWEN3MOE_LAYER_NAMES = {**_QWEN3_LAYER_NAMES, **_EXPERT_NAMES}
 _QWEN2MOE_LAYER_NAMES = {**_QWEN2_LAYER_NAMES, **_EXPERT_NAMES, **_SHARED_EXPERT_NAMES}
+# Tensors that are configuration, not weights (read into config.json instead)
+CONFIG_TENSORS = {"rope_freqs.weight"}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -197,14 +199,11 @@ def qwen3_config(reader: GGUFReader) -> dict[str, object]:
 
 def llama_config(reader: GGUFReader) -> dict[str, object]:
     """Build a Hugging Face `LlamaConfig` dict from GGUF metadata. Llama 3.1+ files carry their RoPE
-    scaling as per-frequency factors (`rope_freqs.weight`), which are not read yet: a clear error."""
-    if "rope_freqs.weight" in {t.name for t in reader.tensors}:
-        raise ValueError("GGUF architecture 'llama' with rope_freqs.weight (Llama 3.1+ RoPE scaling as frequency "
-                         "factors) is not supported yet; a Hugging Face folder of the same model is")
+    scaling as per-frequency factors (`rope_freqs.weight`): read back into Llama 3's parameters."""
     config = _shared_config(reader, "llama")
     heads = int(config["num_attention_heads"])
     head_dim = int(_field(reader, "llama.rope.dimension_count", int(config["hidden_size"]) // heads))
-    return {
+    config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         **config,
@@ -213,6 +212,42 @@ def llama_config(reader: GGUFReader) -> dict[str, object]:
         "attention_bias": False,
         "mlp_bias": False,
     }
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None:
+        config["rope_scaling"] = llama3_rope_scaling(np.asarray(freqs.data, dtype=np.float64), config,
+                                                     int(_field(reader, "llama.rope.scaling.original_context_length", 8192)))
+    return config
+
+
+def llama3_rope_scaling(factors: np.ndarray, config: dict[str, object], original: int) -> dict[str, object]:
+    """Llama 3's RoPE parameters from llama.cpp's per-frequency factors (inv_freq / factor is the
+    scaled frequency). Low frequencies are divided by `factor`, high ones kept, and between them
+    the blend s = (original / wavelength - low) / (high - low) is linear in 1 / wavelength; only
+    low / original and high / original are determined, so `original` is the file's (or 8192).
+    The result is checked against the factors, and a file it does not reproduce is refused."""
+    theta, dim = float(config["rope_theta"]), int(config["head_dim"])
+    inv_freq = theta ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
+    factor = float(factors.max())
+    medium = (factors > 1 + 1e-6) & (factors < factor - 1e-6)
+    blend = (1 / factors[medium] - 1 / factor) / (1 - 1 / factor)
+    x = inv_freq[medium] / (2 * np.pi)  # 1 / wavelength
+    if factor <= 1 or medium.sum() < 2:
+        raise ValueError("GGUF rope_freqs.weight: too few frequencies between the scaled and the kept ones to read "
+                         "Llama 3's RoPE scaling from; a Hugging Face folder of the same model serves")
+    slope, intercept = np.polyfit(x, blend, 1)  # blend = original / (high - low) * x - low / (high - low)
+    span = original / slope
+    scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": float(-intercept * span),
+               "high_freq_factor": float((1 - intercept) * span), "original_max_position_embeddings": original}
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    check = LlamaConfig(**{k: v for k, v in config.items() if k not in ("architectures", "model_type", "rope_scaling")},
+                        rope_scaling=scaling)
+    got, _ = ROPE_INIT_FUNCTIONS["llama3"](check, "cpu")
+    if not np.allclose(got.double().numpy(), inv_freq / factors, rtol=1e-4):
+        raise ValueError("GGUF rope_freqs.weight: these frequency factors are not Llama 3's RoPE scaling; "
+                         "a Hugging Face folder of the same model serves")
+    return scaling
 
 
 def unpermute_llama_qk(reader: GGUFReader, name: str, weight: torch.Tensor) -> torch.Tensor:
@@ -325,6 +360,8 @@ def dequantized_state_dict(
     norm_offset, transform = GGUF_ARCHITECTURES[arch].norm_offset, GGUF_ARCHITECTURES[arch].transform
     state: dict[str, torch.Tensor] = {}
     for tensor in tqdm(reader.tensors, desc="dequantizing", unit="tensor", disable=not progress):
+        if tensor.name in CONFIG_TENSORS:
+            continue
         # GGUF records shapes fastest-dimension first; numpy wants them reversed.
         shape = tuple(int(d) for d in reversed(tensor.shape))
         array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)

@@ -18,8 +18,8 @@ from tests.tiny_gguf import write_gguf_from_hf
 from tests.tiny_models import save_tiny_model
 
 STEPS = 8
-# our tiny family -> GGUF arch (smollm: Llama-shaped without Llama 3's RoPE scaling, as SmolLM2 ships)
-CASES = {"smollm": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}
+# our tiny family -> GGUF arch (llama: Llama 3's RoPE scaling, written as rope_freqs; smollm: none)
+CASES = {"llama": "llama", "smollm": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}
 
 
 @pytest.mark.parametrize("family", list(CASES))
@@ -57,7 +57,7 @@ def test_an_unsupported_gguf_architecture_names_it_and_the_supported_ones(tmp_pa
         resolve_model_path(str(path))
 
 
-def test_a_llama_file_with_rope_frequency_factors_is_a_clear_error(tmp_path: Path,
+def test_rope_frequency_factors_that_are_not_llama3s_are_a_clear_error(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from gguf import GGUFWriter
 
