@@ -64,8 +64,8 @@ def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
         messages[-1].cache_control = _control_of(automatic + _marks_of(messages[-1]))
     fields: dict[str, object] = {}
     if isinstance(body, MessagesRequest):
-        if body.max_tokens < 1:
-            raise APIError(400, f"max_tokens: must be at least 1, got {body.max_tokens}", "max_tokens")
+        if not 1 <= body.max_tokens < 2**31:  # past the context window is fine (routes.py); past this is not a number
+            raise APIError(400, f"max_tokens: must be in [1, 2**31), got {body.max_tokens}", "max_tokens")
         fields = dict(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                       stop=list(body.stop_sequences or []),
                       user=body.metadata.user_id if body.metadata is not None else None)
