@@ -40,7 +40,7 @@ class JumpForward:
         """None where there is no tokenizer (then there are no constraints either)."""
         if hf_tokenizer is None:
             return None
-        return cls(lambda text: hf_tokenizer.encode(text, add_special_tokens=False))  # type: ignore[attr-defined]
+        return cls(mid_text_encoder(hf_tokenizer))
 
     def propose(self, matcher: object, limit: int) -> list[int]:
         """At most `limit` tokens of the forced continuation from the matcher's state: its text
@@ -55,6 +55,26 @@ class JumpForward:
         # Tokenize a little more than fits, so the last kept token is not a cut-off piece of a longer one.
         tokens = self.encode(text[: 8 * (limit + 1)])[:limit]
         return tokens[: grammar_prefix(matcher, tokens)]
+
+
+def mid_text_encoder(hf_tokenizer: object) -> Callable[[str], list[int]]:
+    """Text -> token ids as the text would be spelled in the middle of an output. SentencePiece
+    tokenizers with a dummy prefix (Llama 2, Mistral, Phi-3) spell text at the start of an
+    encoding with a leading space (`▁{`), which a grammar refuses: those encode after a newline
+    and drop the newline's tokens."""
+    def plain(text: str) -> list[int]:
+        return hf_tokenizer.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
+
+    pieces = hf_tokenizer.convert_ids_to_tokens(plain("{"))  # type: ignore[attr-defined]
+    if not pieces or not str(pieces[0]).startswith("\u2581"):
+        return plain
+    sentinel = plain("\n")
+
+    def after_newline(text: str) -> list[int]:
+        ids = plain("\n" + text)
+        return ids[len(sentinel):] if ids[: len(sentinel)] == sentinel else plain(text)
+
+    return after_newline
 
 
 def grammar_prefix(matcher: object, tokens: list[int]) -> int:

@@ -14,12 +14,13 @@ import pytest
 
 import frontend_lang as sgl
 from runtime import Engine
-from runtime.sampling.jump_forward import JumpForward, draft_matchers, grammar_prefix
+from runtime.sampling.jump_forward import JumpForward, draft_matchers, grammar_prefix, mid_text_encoder
 from server.common.metrics import Metrics
 from server.parsers.tools import PARSERS
 from server.parsers.tools.base import ToolSpec
 from server.parsers.tools.grammar import structural_tag
 from tests.runtime.engine_helpers import assert_slots_balanced
+from tests.tiny_byte_fallback import MERGES, PIECES, SPECIALS
 from tests.tiny_models import save_tiny_model
 
 PERSON = {"type": "object", "properties": {
@@ -228,3 +229,36 @@ def test_the_helpers_leave_the_matcher_as_it_was(folder: Path) -> None:
     # a token the grammar refuses: no masks past it
     bad = draft_matchers(matcher, [draft[0], tok.convert_tokens_to_ids("x"), draft[1]])
     assert bad[0] is not None and bad[1] is not None and bad[2] is None and bad[3] is None
+
+
+def save_dummy_prefix_tokenizer(folder: Path) -> object:
+    """tests/tiny_byte_fallback.py's tokenizer with Llama 2's dummy prefix: every encoding starts with `▁`."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    vocab.update({f"<0x{byte:02X}>": 3 + byte for byte in range(256)})
+    for piece in PIECES + [a + b for a, b in MERGES]:
+        vocab[piece] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=MERGES, byte_fallback=True, unk_token=None))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
+    fast.save_pretrained(str(folder))
+    return fast
+
+
+def test_a_tokenizer_with_a_dummy_prefix(tmp_path: Path) -> None:
+    """Llama 2 / Mistral / Phi-3 tokenizers spell `{` at the start of an encoding as `▁` `{`: the
+    forced text is encoded as mid-output text, so it is drafted and kept there too."""
+    folder = save_tiny_model("llama", tmp_path)
+    hf = save_dummy_prefix_tokenizer(folder)
+    assert hf.convert_ids_to_tokens(hf.encode("{", add_special_tokens=False))[0] == "\u2581"
+    assert hf.convert_ids_to_tokens(mid_text_encoder(hf)('{"the": ')) == ["<0x7B>", "<0x22>", "the", "<0x22>",
+                                                                          "<0x3A>", "\u2581"]
+    cases = [{**GREEDY, "json_schema": json.dumps(SPLITS)}, {**SEEDED, "regex": REGEX}]
+    off, _ = _generate(folder, cases, disable_jump_forward=True)
+    on, stats = _generate(folder, cases)
+    _same(on, off)
+    assert stats["jump_forward_accepted_tokens_total"] >= 10
