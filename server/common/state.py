@@ -73,7 +73,11 @@ class ServerState:
 
     @property
     def model_names(self) -> set[str]:
-        return {self.served_model_name, self.engine.args.model, str(self.engine.model_path)}
+        """Every name a client may ask for this model by: the served name, --model as given, its
+        folder, and a built-in's canonical name beside its aliases (Codex asks for the former)."""
+        builtin = builtin_model(self.engine.args.model)
+        return {self.served_model_name, self.engine.args.model, str(self.engine.model_path),
+                *(builtin.names if builtin is not None else ())}
 
     def token_text(self, token: int) -> str:
         return self._token_text(token)

@@ -29,14 +29,20 @@ class InputItem(msgspec.Struct, kw_only=True):
     name: str | None = None
     arguments: str | None = None
     output: str | list[ContentPart] | None = None
+    namespace: str | None = None  # a function_call of a namespace's tool (server/responses/tool_kinds.py)
+    input: str | None = None  # custom_tool_call: the free-form input
 
 
 class FunctionTool(msgspec.Struct, kw_only=True):
+    """A tool of any kind: function, custom, namespace (with its own `tools`), or a hosted one."""
+
     type: str
     name: str | None = None
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    tools: list[FunctionTool] | None = None  # namespace: its function and custom tools
+    format: dict[str, Any] | None = None  # custom: {"type": "text"} or a grammar
 
 
 class ToolChoiceFunction(msgspec.Struct, kw_only=True):

@@ -34,6 +34,7 @@ from server.pipeline.request import AssistantMessage, ChatMessage, ToolCall, Too
 from server.responses.items import ItemStream, new_id, output_items, response_object
 from server.responses.protocol import ResponsesRequest
 from server.responses.store import ResponseStore, StoredResponse
+from server.responses.tool_kinds import chat_tools as responses_tools
 from server.responses.translate import chat_request, continuation_ids, frame, input_messages, refuse_unsupported
 
 
@@ -74,13 +75,14 @@ async def create_response(request: Request) -> Response:
     rid = new_id("resp")
     created = int(time.time())
     state.log_request(rid, body.input)
+    names = responses_tools(body.tools)[1]  # custom and namespaced tools' calls, as the request named them
     if body.stream:
         stream = await stream_chat(state, plan)
         events = _events(state, store, rid, created, body, plan, history + new, stream)
-        return StreamingResponse(_sse(events), media_type="text/event-stream")
+        return StreamingResponse(_sse(names.events(events)), media_type="text/event-stream")
     (out,) = await run_chat(state, plan)
     message, _ = final_message(plan, out)
-    obj = response_object(state, rid, created, body, output_items(message), out)
+    obj = response_object(state, rid, created, body, [names.qualify(i) for i in output_items(message)], out)
     _remember(state, store, body, obj, plan, history + new, message, out)
     state.log_response(rid, [out.text])
     return _json(obj)

@@ -15,7 +15,6 @@ from server.pipeline.messages import chat_messages
 from server.pipeline.request import (
     ChatCompletionRequest,
     ChatMessage,
-    FunctionDef,
     JsonSchemaFormat,
     NamedFunction,
     NamedToolChoice,
@@ -28,6 +27,7 @@ from server.pipeline.structured import chat_tools
 from server.responses.fields import RESPONSES_REFUSED
 from server.responses.protocol import ContentPart, InputItem, ResponsesRequest
 from server.responses.store import StoredResponse
+from server.responses.tool_kinds import chat_tools as responses_tools
 
 MESSAGE_ROLES = {"user", "system", "developer", "assistant"}
 # Stands for the stored turn's output while the template renders what follows it.
@@ -76,7 +76,10 @@ def input_messages(body: ResponsesRequest) -> list[ChatMessage]:
             messages.append(ChatMessage(role=item.role, content=_text(item.content, f"{where}.content")))
         elif kind == "function_call":
             messages_append_call(messages, item, where)
-        elif kind == "function_call_output":
+        elif kind == "custom_tool_call":  # a custom tool's free-form input, as the model's one argument
+            arguments = json.dumps({"input": item.input if item.input is not None else ""})
+            messages_append_call(messages, msgspec.structs.replace(item, arguments=arguments), where)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             if not item.call_id:
                 raise APIError(400, f"{where}.call_id is required", f"{where}.call_id")
             output = item.output if item.output is not None else ""
@@ -85,7 +88,8 @@ def input_messages(body: ResponsesRequest) -> list[ChatMessage]:
             continue  # the model's earlier reasoning: not shown to it again (templates drop it too)
         else:
             raise APIError(400, f"{where}.type: unsupported input item type {kind!r} (message, function_call, "
-                                "function_call_output and reasoning are)", f"{where}.type")
+                                "function_call_output, custom_tool_call, custom_tool_call_output and reasoning are)",
+                           f"{where}.type")
     if not messages:
         raise APIError(400, "input must hold at least one message or function call output", "input")
     return messages
@@ -95,7 +99,8 @@ def messages_append_call(messages: list[ChatMessage], item: InputItem, where: st
     for name in ("call_id", "name", "arguments"):
         if not isinstance(getattr(item, name), str) or (name != "arguments" and not getattr(item, name)):
             raise APIError(400, f"{where}.{name} is required", f"{where}.{name}")
-    call = ToolCall(id=item.call_id or "", function=ToolCallFunction(item.name or "", item.arguments or ""))
+    name = f"{item.namespace}.{item.name}" if item.namespace else item.name or ""  # as tool_kinds.py names it
+    call = ToolCall(id=item.call_id or "", function=ToolCallFunction(name, item.arguments or ""))
     last = messages[-1] if messages else None
     if last is not None and last.role == "assistant":
         last.tool_calls = [*(last.tool_calls or []), call]
@@ -104,18 +109,8 @@ def messages_append_call(messages: list[ChatMessage], item: InputItem, where: st
 
 
 def _tools(body: ResponsesRequest) -> list[Tool] | None:
-    if not body.tools:
-        return None
-    tools = []
-    for i, tool in enumerate(body.tools):
-        if tool.type != "function":
-            raise APIError(400, f"tools[{i}].type: only function tools are supported, got {tool.type!r}",
-                           f"tools[{i}].type")
-        if not tool.name:
-            raise APIError(400, f"tools[{i}].name is required", f"tools[{i}].name")
-        tools.append(Tool(type="function", function=FunctionDef(name=tool.name, description=tool.description,
-                                                                parameters=tool.parameters, strict=tool.strict)))
-    return tools
+    """Function, custom and namespace tools as chat functions; hosted ones left out (tool_kinds.py)."""
+    return responses_tools(body.tools)[0]
 
 
 def _tool_choice(body: ResponsesRequest) -> str | NamedToolChoice | None:
