@@ -19,6 +19,7 @@ and masking walks forks of it, which are thrown away after the step.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,7 +33,7 @@ MAX_FORCED_TOKENS = 12
 class JumpForward:
     """Proposes a constrained request's forced continuation as draft tokens."""
 
-    encode: Callable[[str], list[int]]  # text -> token ids, no special tokens added
+    tokenizer: object  # the Hugging Face tokenizer
     max_tokens: int = MAX_FORCED_TOKENS
 
     @classmethod
@@ -40,7 +41,14 @@ class JumpForward:
         """None where there is no tokenizer (then there are no constraints either)."""
         if hf_tokenizer is None:
             return None
-        return cls(mid_text_encoder(hf_tokenizer))
+        return cls(hf_tokenizer)
+
+    @functools.cached_property
+    def encode(self) -> Callable[[str], list[int]]:
+        """Text -> token ids, no special tokens added. Worked out on the first constrained request,
+        not when the engine is built: encoding starts the tokenizer's own thread pool, and an
+        engine that is never asked for a constraint should not have one."""
+        return mid_text_encoder(self.tokenizer)
 
     def propose(self, matcher: object, limit: int) -> list[int]:
         """At most `limit` tokens of the forced continuation from the matcher's state: its text
