@@ -23,6 +23,10 @@ from server.common.errors import APIError
 from server.pipeline.request import FunctionDef, Tool
 from server.responses.protocol import FunctionTool
 
+# Tools OpenAI's servers run themselves: accepted, not shown to the model (a model server cannot run them)
+HOSTED_TOOLS = {"web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11",
+                "file_search", "code_interpreter", "image_generation", "computer_use", "computer_use_preview", "mcp",
+                "local_shell", "shell", "apply_patch", "tool_search"}
 CUSTOM_PARAMETERS = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"],
                      "additionalProperties": False}
 
@@ -103,7 +107,9 @@ def chat_tools(tools: list[FunctionTool] | None) -> tuple[list[Tool] | None, Too
                 out.append(_function(member, f"{where}.tools[{j}]", names, tool.name))
         elif tool.type in ("function", "custom"):
             out.append(_function(tool, where, names, None))
-        # anything else is a hosted tool (web_search, file_search, ...): not ours to run, not shown
+        elif tool.type not in HOSTED_TOOLS:
+            raise APIError(400, f"{where}.type: unknown tool type {tool.type!r} (function, custom, namespace, or one "
+                                f"of OpenAI's hosted tools: {', '.join(sorted(HOSTED_TOOLS))})", f"{where}.type")
     if len({t.function.name for t in out}) != len(out):
         raise APIError(400, "tools: two tools have the same name", "tools")
     return out or None, names

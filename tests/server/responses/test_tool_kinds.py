@@ -83,6 +83,7 @@ def test_later_turns_send_the_calls_back_as_input_items(server: RunningServer) -
     ([{"type": "namespace", "name": "n", "tools": [HOSTED]}], "tools[0].tools[0].type"),
     ([NAMESPACE, {**NAMESPACE}], "tools"),
     ([{"type": "custom"}], "tools[0].name"),
+    ([{"type": "rocket_launcher"}], "tools[0].type"),
 ])
 def test_bad_tools_are_400s_naming_the_field(server: RunningServer, tools: list, param: str) -> None:
     r = _post(server, {"input": "x", "tools": tools})
