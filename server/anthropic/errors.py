@@ -4,17 +4,12 @@ body, an engine error, a bug: never OpenAI's shape, never a bare 500 page)."""
 
 from __future__ import annotations
 
-import functools
-import logging
-from collections.abc import Awaitable, Callable
 
 import msgspec
-from starlette.requests import Request
 from starlette.responses import Response
 
-from server.common.errors import APIError
+from server.common.errors import errors_in_shape
 
-logger = logging.getLogger("radixserve.server")
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
          404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
          429: "rate_limit_error", 500: "api_error", 501: "api_error", 503: "overloaded_error",
@@ -30,17 +25,5 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
                     media_type="application/json", headers=headers)
 
 
-def anthropic_errors(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-    """A route whose failures answer in Anthropic's shape."""
-
-    @functools.wraps(handler)
-    async def route(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except APIError as exc:
-            return error_response(exc.status, exc.message, exc.headers)
-        except Exception as exc:  # noqa: BLE001 - a bug still answers in the client's shape
-            logger.exception("unhandled error on %s", request.url.path)
-            return error_response(500, f"internal error: {type(exc).__name__}")
-
-    return route
+# A route whose failures answer in Anthropic's shape.
+anthropic_errors = errors_in_shape(error_response)

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 import re
+from collections.abc import Awaitable, Callable
 
 import msgspec
+from starlette.requests import Request
 from starlette.responses import Response
+
+logger = logging.getLogger("radixserve.server")
+Handler = Callable[[Request], Awaitable[Response]]
 
 
 class ErrorBody(msgspec.Struct):
@@ -54,3 +61,23 @@ def param_of(message: str) -> str | None:
 def bad_request(exc: Exception) -> APIError:
     message = str(exc)
     return APIError(400, message, param_of(message))
+
+
+def errors_in_shape(render: Callable[[int, str, dict[str, str] | None], Response]) -> Callable[[Handler], Handler]:
+    """A route decorator for a protocol room: every failure of the route (a bad body, an engine error,
+    a bug) answers through `render(status, message, headers)`, the protocol's own error shape."""
+
+    def wrap(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except APIError as exc:
+                return render(exc.status, exc.message, exc.headers)
+            except Exception as exc:  # noqa: BLE001 - a bug still answers in the client's shape
+                logger.exception("unhandled error on %s", request.url.path)
+                return render(500, f"internal error: {type(exc).__name__}")
+
+        return route
+
+    return wrap

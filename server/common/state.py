@@ -79,6 +79,11 @@ class ServerState:
         return {self.served_model_name, self.engine.args.model, str(self.engine.model_path),
                 *(builtin.names if builtin is not None else ())}
 
+    def check_model(self, model: str | None) -> None:
+        """A request's `model` must name this one (or be absent): else a 400 naming the field."""
+        if model is not None and model not in self.model_names:
+            raise APIError(400, f"model {model!r} is not served here; available: {self.served_model_name!r}", "model")
+
     def token_text(self, token: int) -> str:
         return self._token_text(token)
 

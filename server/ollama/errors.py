@@ -3,17 +3,11 @@
 
 from __future__ import annotations
 
-import functools
-import logging
-from collections.abc import Awaitable, Callable
 
 import msgspec
-from starlette.requests import Request
 from starlette.responses import Response
 
-from server.common.errors import APIError
-
-logger = logging.getLogger("radixserve.server")
+from server.common.errors import errors_in_shape
 
 
 def error_line(message: str) -> bytes:
@@ -25,17 +19,5 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
                     headers=headers)
 
 
-def ollama_errors(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-    """A route whose failures answer in Ollama's shape."""
-
-    @functools.wraps(handler)
-    async def route(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except APIError as exc:
-            return error_response(exc.status, exc.message, exc.headers)
-        except Exception as exc:  # noqa: BLE001 - a bug still answers in the client's shape
-            logger.exception("unhandled error on %s", request.url.path)
-            return error_response(500, f"internal error: {type(exc).__name__}")
-
-    return route
+# A route whose failures answer in Ollama's shape.
+ollama_errors = errors_in_shape(error_response)

@@ -61,11 +61,6 @@ def usage(outs: Sequence[Output], prompts: Sequence[tuple[int, int]]) -> Usage:
     return Usage(prompt_tokens, completion, prompt_tokens + completion, PromptTokensDetails(cached))
 
 
-def check_model(state: ServerState, model: str | None) -> None:
-    if model is not None and model not in state.model_names:
-        raise APIError(400, f"model {model!r} is not served here; available: {state.served_model_name!r}", "model")
-
-
 async def merged(streams: list[AsyncIterator[Output]]) -> AsyncIterator[tuple[int, Output]]:
     """Interleave several prompts' output streams; yields (prompt index, output)."""
     if len(streams) == 1:
@@ -150,7 +145,7 @@ def _check_completion(body: CompletionRequest) -> int:
 async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.radix
     body = decode_body(await state.read_body(request), CompletionRequest)
-    check_model(state, body.model)
+    state.check_model(body.model)
     best_of = _check_completion(body)
     engine = state.engine
     try:
@@ -253,7 +248,7 @@ async def _completion_events(state: ServerState, rid: str, body: CompletionReque
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.radix
     body = decode_body(await state.read_body(request), ChatCompletionRequest)
-    check_model(state, body.model)
+    state.check_model(body.model)
     if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
         raise APIError(400, "top_logprobs must be in [0, 20]", "top_logprobs")
     plan = plan_chat(state, body, top_logprobs=(body.top_logprobs or 0) if body.logprobs else None)

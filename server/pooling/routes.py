@@ -43,11 +43,6 @@ MAX_INPUTS = 2048  # prompts in one request (OpenAI's limit for embeddings)
 NO_TOKENS = SamplingParams(max_new_tokens=0)
 
 
-def _check_model(state: ServerState, model: str | None) -> None:
-    if model is not None and model not in state.model_names:
-        raise APIError(400, f"model {model!r} is not served here; available: {state.served_model_name!r}", "model")
-
-
 async def pooled(state: ServerState, prompts: Sequence[str | list[int]], pooling: PoolingParams, field: str,
                  cache_salt: str | None) -> list[Output]:
     """Run every prompt as a pooling request, all at once; their finished Outputs in order."""
@@ -102,7 +97,7 @@ def _encode(vector: torch.Tensor, encoding_format: str) -> list[float] | str:
 async def embeddings(request: Request) -> Response:
     state: ServerState = request.app.state.radix
     body = decode_body(await state.read_body(request), EmbeddingRequest)
-    _check_model(state, body.model)
+    state.check_model(body.model)
     if body.encoding_format not in ("float", "base64"):
         raise APIError(400, f"encoding_format must be float or base64, got {body.encoding_format!r}", "encoding_format")
     hidden = state.engine.model_config.hidden_size  # type: ignore[attr-defined]
@@ -137,7 +132,7 @@ async def _scores(state: ServerState, pairs: list[tuple[str, str]], instruction:
 async def rerank(request: Request) -> Response:
     state: ServerState = request.app.state.radix
     body = decode_body(await state.read_body(request), RerankRequest)
-    _check_model(state, body.model)
+    state.check_model(body.model)
     if body.top_n is not None and body.top_n < 1:
         raise APIError(400, f"top_n must be >= 1, got {body.top_n}", "top_n")
     texts = [d.text if isinstance(d, RerankDocument) else d for d in body.documents]
@@ -153,7 +148,7 @@ async def rerank(request: Request) -> Response:
 async def score(request: Request) -> Response:
     state: ServerState = request.app.state.radix
     body = decode_body(await state.read_body(request), ScoreRequest)
-    _check_model(state, body.model)
+    state.check_model(body.model)
     firsts = [body.text_1] if isinstance(body.text_1, str) else body.text_1
     seconds = [body.text_2] if isinstance(body.text_2, str) else body.text_2
     if len(firsts) == 1:

@@ -52,8 +52,7 @@ def _store(request: Request) -> ResponseStore:
 async def create_response(request: Request) -> Response:
     state: ServerState = request.app.state.radix
     body = decode_body(await state.read_body(request), ResponsesRequest)
-    if body.model is not None and body.model not in state.model_names:
-        raise APIError(400, f"model {body.model!r} is not served here; available: {state.served_model_name!r}", "model")
+    state.check_model(body.model)
     refuse_unsupported(body)
     store = _store(request)
     prev: StoredResponse | None = None
