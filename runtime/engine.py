@@ -196,7 +196,7 @@ class Engine:
             if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
                 raise ValueError(f"input_ids: token id {token!r} is not in [0, {vocab})")
         if len(ids) >= self.context_len:
-            raise ValueError(f"the prompt has {len(ids)} tokens; this model's context length is {self.context_len} "
+            raise ValueError(f"input_ids: the prompt has {len(ids)} tokens; this model's context length is {self.context_len} "
                              "(prompt plus at least one generated token)")
         return ids
 
