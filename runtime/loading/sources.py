@@ -82,7 +82,6 @@ def gguf_model_dir(path: Path) -> Path:
     if split is not None and split.group(2) != "00001":
         raise ValueError(f"model: {path.name} is part {int(split.group(1))} of a split GGUF; radixserve does "
                          "not read split GGUFs yet: join them with llama.cpp's `llama-gguf-split --merge`")
-    _check_gguf(path)
     stat = path.stat()
     key = hashlib.sha256(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     folder = radixserve_home() / "models" / "gguf" / f"{path.stem}-{key}"
@@ -92,6 +91,7 @@ def gguf_model_dir(path: Path) -> Path:
             return folder
         except DefaultModelError as exc:  # a damaged conversion is rebuilt, never served
             print(f"radixserve: {exc}; converting again", flush=True)
+    _check_gguf(path)  # (a cached conversion was checked when it was made: same path, size and time)
     print(f"radixserve: first use of {path}: converting it into {folder}; this happens once", flush=True)
     return build_model_dir(path, folder, model=USER_GGUF)
 
