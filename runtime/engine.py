@@ -25,6 +25,8 @@ from runtime.engine_args import EngineArgs
 from runtime.engine_info import EngineInfo
 from runtime.exec.model_runner import ModelRunner, RunnerConfig, load_config
 from runtime.loading.sources import resolve_model_path
+from runtime.lora import AdapterIdentity, LoraRegistry
+from runtime.lora.namespace import cache_key
 from runtime.output import Output
 from runtime.sampling.jump_forward import JumpForward
 from runtime.sampling.pooling import PoolingParams
@@ -87,7 +89,7 @@ class Engine:
             prefix_cache=a.enable_prefix_cache, kv_host_tier_tokens=a.kv_host_tier_tokens or 0,
             kv_host_tier_gib=a.kv_host_tier_gib, kv_disk_dir=a.kv_disk_dir, kv_disk_gib=a.kv_disk_gib,
             kv_host_tier_dtype=a.kv_host_tier_dtype, kv_tier_copy=a.kv_tier_copy, cpu_threads=a.num_threads,
-            adapt_cpu_threads=a.adapt_cpu_threads), config)
+            adapt_cpu_threads=a.adapt_cpu_threads, enable_lora=a.lora_on), config)
         self.device = self.runner.device
         self.context_len = self.runner.context_len
         self.kv = self.runner.kv  # the KV state's one owner, handed to the scheduler and the loop
@@ -95,6 +97,12 @@ class Engine:
         policy = SchedulePolicy(a.schedule_policy, self.kv.cache, a.lpm_fallback_queue_len, a.page_size)
         jump_forward = None if a.disable_jump_forward else JumpForward.for_tokenizer(self.tokenizer.hf)
         self.scheduler = Scheduler(a, self.kv, policy, jump_forward)
+        # LoRA adapters (runtime/lora/): None unless --enable-lora or --lora-paths
+        self.lora: LoraRegistry | None = None
+        if self.runner.lora_targets is not None:
+            self.lora = LoraRegistry(self.runner.lora_targets, self.runner.dtype, self.device, a.max_loaded_loras)
+            for name, path in a.lora_adapters().items():
+                self.lora.load(name, path)
 
     # -- submitting ---------------------------------------------------------------------------------
 
@@ -107,10 +115,11 @@ class Engine:
 
     def submit(self, input_ids: Sequence[int], sampling_params: ParamsLike = None, sink: Sink | None = None,
                rid: str | None = None, cache_salt: str | None = None, stream: bool = False,
-               pooling: PoolingParams | None = None) -> list[str]:
+               pooling: PoolingParams | None = None, lora: str | None = None) -> list[str]:
         """Queue one prompt (n samples of it); each sample's Outputs go to `sink` on the engine thread.
         With `pooling`, the prompt returns an embedding or chosen logits instead of tokens
-        (runtime/sampling/pooling.py; its sampling parameters must ask for no new tokens).
+        (runtime/sampling/pooling.py; its sampling parameters must ask for no new tokens). With `lora`,
+        through that loaded adapter (runtime/lora/), its prefixes cached apart from every other's.
 
         Returns the request ids, one per sample. Raises ValueError for bad input.
         """
@@ -125,6 +134,8 @@ class Engine:
         if params.logit_bias and max(params.logit_bias) >= self.runner.vocab_size:
             raise ValueError(f"logit_bias: token id {max(params.logit_bias)} is not in [0, {self.runner.vocab_size})")
         compiled = self._compile_constraint(params)  # a bad constraint raises before anything is queued
+        if lora is not None and self.lora is None:
+            raise ValueError(f"lora_path: {lora!r} names an adapter, and this engine serves none (--enable-lora)")
         with self._queue_lock:
             limit = self.args.max_queued_requests
             if limit is not None and self._queued + params.n > limit:
@@ -133,13 +144,34 @@ class Engine:
         params = replace(params, max_new_tokens=min(params.max_new_tokens, self.context_len - len(ids)))
         rid = rid or uuid.uuid4().hex
         rids = [rid] if params.n == 1 else [f"{rid}.{i}" for i in range(params.n)]
-        for index, child in enumerate(rids):
+        try:  # each sample holds the adapter until it ends (the loop releases it)
+            adapters = [self.lora.acquire(lora) for _ in rids] if lora is not None and self.lora else [None] * len(rids)
+        except (LookupError, ValueError):
+            with self._queue_lock:
+                self._queued -= params.n
+            raise
+        for index, (child, adapter) in enumerate(zip(rids, adapters)):
             req = self._make_req(child, ids, params, index, sink or (lambda _: None), cache_salt, stream)
+            if adapter is not None:
+                req.lora, req.extra_key = adapter, cache_key(cache_salt, adapter.identity)
             req.pooling = pooling
             if compiled is not None:
                 req.grammar = self._grammars.matcher(compiled)  # each sample walks the grammar on its own
             self.loop.post(lambda req=req: self.loop.add_request(req))
         return rids
+
+    def load_lora_adapter(self, name: str, path: str) -> AdapterIdentity:
+        """Load a PEFT adapter under `name` (ValueError: bad files, a name in use, no room)."""
+        return self._lora_registry().load(name, path)
+
+    def unload_lora_adapter(self, name: str) -> AdapterIdentity:
+        """Stop serving `name` (AdapterNotFound if unknown); requests already running keep it to their end."""
+        return self._lora_registry().unload(name)
+
+    def _lora_registry(self) -> LoraRegistry:
+        if self.lora is None:
+            raise ValueError("LoRA adapters are off: start with --enable-lora (or --lora-paths)")
+        return self.lora
 
     def _compile_constraint(self, params: SamplingParams) -> object | None:
         """Compile the request's regex / JSON schema / EBNF here, on the caller's thread (cached by source)."""
@@ -213,7 +245,7 @@ class Engine:
     def generate(self, prompts: str | Sequence[str] | None = None,
                  input_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
                  sampling_params: ParamsLike | Sequence[ParamsLike] = None,
-                 cache_salt: str | None = None) -> list[Output]:
+                 cache_salt: str | None = None, lora: str | None = None) -> list[Output]:
         """Run a batch to completion. With n > 1, a prompt's n samples follow each other in the result."""
         batch = self._prompt_batch(prompts, input_ids)
         params = _per_prompt(sampling_params, len(batch))
@@ -221,7 +253,7 @@ class Engine:
         waiter = _Waiter()
         keys: list[str] = []
         for ids, p in zip(encoded, params):
-            keys.extend(self.submit(ids, p, waiter.sink, cache_salt=cache_salt))
+            keys.extend(self.submit(ids, p, waiter.sink, cache_salt=cache_salt, lora=lora))
         waiter.expect(keys)
         return waiter.wait(keys, self.loop)
 
@@ -254,7 +286,7 @@ class Engine:
 
     async def stream(self, prompt: str | None = None, input_ids: Sequence[int] | None = None,
                      sampling_params: ParamsLike = None, rid: str | None = None,
-                     cache_salt: str | None = None) -> AsyncIterator[Output]:
+                     cache_salt: str | None = None, lora: str | None = None) -> AsyncIterator[Output]:
         """Yield Outputs as tokens arrive (`delta_text` is the new text); the last one is finished.
 
         Leaving the iterator early aborts the request and frees its KV.
@@ -263,13 +295,13 @@ class Engine:
         if params.n != 1:
             raise ValueError("n: stream() takes one sample; use generate() or submit() for n > 1")
         ids = self.encode(prompt if prompt is not None else input_ids or [])
-        async with aclosing(self.outputs(ids, params, rid=rid, cache_salt=cache_salt, stream=True)) as outputs:
+        async with aclosing(self.outputs(ids, params, rid=rid, cache_salt=cache_salt, stream=True, lora=lora)) as outputs:
             async for out in outputs:
                 yield out
 
     async def outputs(self, input_ids: Sequence[int], sampling_params: ParamsLike = None, rid: str | None = None,
                       cache_salt: str | None = None, stream: bool = False,
-                      pooling: PoolingParams | None = None) -> AsyncIterator[Output]:
+                      pooling: PoolingParams | None = None, lora: str | None = None) -> AsyncIterator[Output]:
         """Submit one prompt (n samples) and yield its Outputs on the caller's event loop as they
         arrive; with `stream`, one per new token too. Submission errors raise at the first step.
         Leaving early (closing the iterator: a client gone) aborts every sample still running,
@@ -277,7 +309,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Output] = asyncio.Queue()
         rids = self.submit(input_ids, sampling_params, lambda out: loop.call_soon_threadsafe(queue.put_nowait, out),
-                           rid=rid, cache_salt=cache_salt, stream=stream, pooling=pooling)
+                           rid=rid, cache_salt=cache_salt, stream=stream, pooling=pooling, lora=lora)
         remaining = len(rids)
         try:
             while remaining:

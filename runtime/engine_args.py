@@ -98,6 +98,18 @@ class EngineArgs:
     embedding_pooling: str = field(default="last", metadata={
         "help": "embeddings (/v1/embeddings): the final hidden state at the last token (last: Qwen3-Embedding, "
                 "gte-Qwen2, e5-mistral) or the mean over the prompt (mean: computes the whole prompt)"})
+    enable_lora: bool = field(default=False, metadata={
+        "help": "serve LoRA adapters (PEFT format) on the base model, loaded at run time through "
+                "/load_lora_adapter or /v1/load_lora_adapter (implied by --lora-paths)"})
+    lora_paths: list[str] | None = field(default=None, metadata={
+        "help": "LoRA adapters to load at start-up, as name=path (a PEFT folder: adapter_config.json + "
+                "adapter_model.safetensors); a bare path is also its name. Requests choose one by name"})
+    max_loras_per_batch: int = field(default=8, metadata={
+        "help": "different LoRA adapters running at once (every running request is in every step); "
+                "requests of one more wait"})
+    max_loaded_loras: int | None = field(default=None, metadata={
+        "help": "LoRA adapters held in memory at most; loading past it drops the least recently used idle "
+                "one (read back from its folder when next asked for). Default: no bound"})
 
     def validate(self) -> None:
         self._read_speculative_config()
@@ -109,7 +121,8 @@ class EngineArgs:
         for name in ("speculative_num_draft_tokens", "speculative_ngram_min", "speculative_ngram_max",
                      "speculative_disable_by_batch_size",
                      "kv_host_tier_tokens", "cuda_graph_max_bs", "page_size", "max_running_requests", "chunked_prefill_size", "max_prefill_tokens",
-                     "kv_cache_tokens", "context_length", "max_queued_requests", "num_threads", "max_kv_cache_tokens"):
+                     "kv_cache_tokens", "context_length", "max_queued_requests", "num_threads", "max_kv_cache_tokens",
+                     "max_loras_per_batch", "max_loaded_loras"):
             positive(name)
         if self.kv_host_tier_dtype not in HOST_DTYPES:
             raise ValueError(f"kv_host_tier_dtype must be one of {HOST_DTYPES}, got {self.kv_host_tier_dtype!r}")
@@ -138,6 +151,27 @@ class EngineArgs:
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         check_device_name(self.device)
+        loras = self.lora_adapters()
+        if self.max_loaded_loras is not None and len(loras) > self.max_loaded_loras:
+            raise ValueError(f"max_loaded_loras ({self.max_loaded_loras}) is less than the {len(loras)} adapters "
+                             "in lora_paths")
+
+    def lora_adapters(self) -> dict[str, str]:
+        """--lora-paths as {name: path}; ValueError for a malformed or repeated entry."""
+        adapters: dict[str, str] = {}
+        for item in self.lora_paths or []:
+            name, sep, path = item.partition("=")
+            name, path = (name, path) if sep else (item, item)
+            if not name or not path:
+                raise ValueError(f"lora_paths: {item!r} is not name=path")
+            if name in adapters:
+                raise ValueError(f"lora_paths: the name {name!r} is given twice")
+            adapters[name] = path
+        return adapters
+
+    @property
+    def lora_on(self) -> bool:
+        return self.enable_lora or bool(self.lora_paths)
 
     def _read_speculative_config(self) -> None:
         """Fold vLLM's --speculative-config and SGLang's upper-case NGRAM into our fields."""

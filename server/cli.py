@@ -37,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         args = typing.get_args(kind)
         base = next((a for a in args if a is not type(None)), kind) if isinstance(kind, types.UnionType) else kind
+        if typing.get_origin(base) is list:  # several values after one flag (--lora-paths a=x b=y)
+            parser.add_argument(*flags, dest=f.name, nargs="+", type=typing.get_args(base)[0], default=f.default,
+                                help=f"{help_text} (default: {f.default})")
+            continue
         parser.add_argument(*flags, dest=f.name, type=base, default=f.default,
                             help=f"{help_text} (default: {f.default})")
     server = parser.add_argument_group("server")

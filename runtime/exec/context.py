@@ -22,6 +22,7 @@ class ForwardContext:
     k_caches: list[torch.Tensor]  # per layer [num_slots, kv_heads, head_dim]
     v_caches: list[torch.Tensor]
     backend: object  # a kernels attention backend
+    lora: object | None = None  # the step's LoRA adapter groups (runtime/lora/apply.py: LoraBatch); None: none
 
 
 _local = threading.local()
@@ -32,6 +33,13 @@ def get_context() -> ForwardContext:
     if ctx is None:
         raise RuntimeError("no forward context: models run only inside ModelRunner.forward")
     return ctx
+
+
+def current_lora() -> object | None:
+    """The step's LoRA groups, or None (no adapter in this step, or no step running: a model called
+    outside the runner, as the parity tests of model code do)."""
+    ctx = getattr(_local, "ctx", None)
+    return None if ctx is None else ctx.lora
 
 
 @contextmanager

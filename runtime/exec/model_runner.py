@@ -21,6 +21,8 @@ from runtime.kv import KVManager, KVPool, KVShape, ReqSlotTable, build_kv, conte
 from runtime.kv.host_codec import HostCodec
 from runtime.kv.tiers import TierConfig, kv_digest
 from runtime.layers.output_layer import OutputLayer
+from runtime.lora.adapter import Target
+from runtime.lora.apply import LoraBatch, find_targets, wrap_targets
 from runtime.loading.gguf_groups import read_int4_groups
 from runtime.loading.gguf_int8_groups import read_int8_groups
 from runtime.models import model_class, unreadable_config
@@ -83,6 +85,7 @@ class RunnerConfig:
     kv_tier_copy: str = "auto"  # how KV moves to and from host copies (runtime/kv/tier_copy.py)
     cpu_threads: int | None = None  # the CPU threads' ceiling; None: the cores this process may use
     adapt_cpu_threads: bool = True  # fewer threads while other processes hold cores (runtime/cpu/thread_budget.py)
+    enable_lora: bool = False  # LoRA adapters around the projections (runtime/lora/apply.py)
 
 
 class ModelRunner:
@@ -96,6 +99,9 @@ class ModelRunner:
         self.quantization = cpu.resolve_quantization(cfg.quantization, self.device, self.dtype, cfg.model_path,
                                                      cfg.load_format)
         self.model = load_model(cfg.model_path, self.config, self.dtype, self.device, cfg.load_format)
+        # What adapters may adapt, noted while every projection is still a plain Linear; wrapped below,
+        # around whatever kind of layer the CPU puts there.
+        self.lora_targets: dict[str, Target] | None = find_targets(self.model) if cfg.enable_lora else None
         # The CPU's own linear layers and output layer (runtime/cpu/); elsewhere plain ones.
         if self.device.type == "cpu":
             # a GGUF's own quantized weights, served as shipped (never over dummy weights)
@@ -108,6 +114,8 @@ class ModelRunner:
             cpu_ops()  # the fused kernels loaded (or built) now, not inside the first request's step
         else:
             self.output_layer = OutputLayer()
+        if self.lora_targets is not None:
+            wrap_targets(self.model, self.lora_targets)
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.vocab_size: int = self.config.vocab_size
         c = self.config
@@ -186,10 +194,13 @@ class ModelRunner:
         self.kv.before_step()  # copies into promoted slots land first (runtime/kv/tier_copy.py)
         if self.threads is not None:
             self.threads.before_step()  # fewer CPU threads while other processes hold our cores
-        if self.graphs is not None and self.graphs.fits(entries):
+        lora = LoraBatch.of([e.lora for e in entries], [len(e.token_ids) for e in entries], self.device) \
+            if self.lora_targets is not None else None
+        if self.graphs is not None and lora is None and self.graphs.fits(entries):
             return (*self.graphs.run(entries, future_ids), None)
         packed = HostBatch.pack(entries, self.table)
         batch = ForwardBatch.upload(packed, self.table, future_ids)
+        batch.lora = lora
         if any(e.keep_hidden for e in entries):  # a pooling request reads the hidden states themselves
             logits, hidden = self.forward_hidden(batch)
             return logits, packed, hidden
@@ -202,7 +213,7 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_hidden(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The logits, and the final (normed) hidden state of every new token [tokens, hidden]."""
-        with forward_context(ForwardContext(batch.attn, self.pool.k, self.pool.v, self.backend)):
+        with forward_context(ForwardContext(batch.attn, self.pool.k, self.pool.v, self.backend, batch.lora)):
             hidden = self.model(batch.input_ids, batch.positions)
         rows = hidden if batch.logit_rows is None else hidden.index_select(0, batch.logit_rows)
         return self.compute_logits(rows), hidden

@@ -17,17 +17,21 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 import torch
 
+from runtime.lora.namespace import key_bytes
+
 DEFAULT_MAX_BYTES = 64 << 20  # 64 rows of Gemma 3's 262,144-token vocabulary in float32
 
 
-def prompt_key(prompt_ids: Sequence[int], salt: str | None) -> bytes:
+def prompt_key(prompt_ids: Sequence[int], salt: Hashable | None) -> bytes:
+    """The prompt's tokens and its cache namespace (a salt, or a tagged LoRA namespace:
+    runtime/lora/namespace.py), digested."""
     digest = hashlib.blake2b(np.asarray(prompt_ids, dtype=np.int64).tobytes(), digest_size=20)
-    digest.update(b"\0" + (salt or "").encode())
+    digest.update(b"\0" + key_bytes(salt))
     return digest.digest()
 
 
@@ -38,7 +42,7 @@ class LastLogits:
         self._bytes = 0
         self.hits = 0  # prompts answered from a kept row (no forward)
 
-    def put(self, prompt_ids: Sequence[int], salt: str | None, row: torch.Tensor) -> None:
+    def put(self, prompt_ids: Sequence[int], salt: Hashable | None, row: torch.Tensor) -> None:
         """Keep a copy of the logits at the prompt's last position."""
         size = row.numel() * row.element_size()
         if size > self.max_bytes:
@@ -53,7 +57,7 @@ class LastLogits:
             _, dropped = self._rows.popitem(last=False)
             self._bytes -= dropped.numel() * dropped.element_size()
 
-    def get(self, prompt_ids: Sequence[int], salt: str | None) -> torch.Tensor | None:
+    def get(self, prompt_ids: Sequence[int], salt: Hashable | None) -> torch.Tensor | None:
         key = prompt_key(prompt_ids, salt)
         row = self._rows.get(key)
         if row is not None:

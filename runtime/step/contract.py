@@ -39,6 +39,7 @@ class BatchEntry:
     draft: int = 0  # the last `draft` tokens are proposals to verify (runtime/sampling/speculative.py)
     forced: int = 0  # of those, how many lead with the grammar's forced continuation (sampling/jump_forward.py)
     keep_hidden: bool = False  # a pooling request: the step also returns every new token's hidden state
+    lora: object | None = None  # the request's LoRA adapter (runtime/lora/registry.py: LoadedAdapter); None: base
 
 
 # The packed layout of a step: one int64 tensor holding these sections, in this order. Sizes are
@@ -98,18 +99,20 @@ class StepPlan:
         assert req.row is not None
         if req.inflight:  # a decode of the token the previous step sampled: its id is still on the device
             assert num_tokens == 1 and req.kv_len == req.seq_len
-            self._put(req, BatchEntry(req.row, req.kv_len, [FUTURE], logits_from, future=req.inflight_index))
+            self._put(req, BatchEntry(req.row, req.kv_len, [FUTURE], logits_from, future=req.inflight_index,
+                                      lora=req.lora))
             return
         tokens = [req.token_at(req.kv_len)] if num_tokens == 1 else req.all_ids[req.kv_len : req.kv_len + num_tokens]
         assert len(tokens) == num_tokens
-        self._put(req, BatchEntry(req.row, req.kv_len, tokens, logits_from, keep_hidden=req.pooling is not None))
+        self._put(req, BatchEntry(req.row, req.kv_len, tokens, logits_from, keep_hidden=req.pooling is not None,
+                                  lora=req.lora))
 
     def add_draft(self, req: Req, draft: list[int], forced: int = 0) -> None:
         """A decode with proposed next tokens: the last known token and the draft, logits at each;
         the draft's first `forced` tokens are its grammar's forced continuation."""
         assert req.row is not None and not req.inflight and req.kv_len == req.seq_len - 1
         self._put(req, BatchEntry(req.row, req.kv_len, [req.token_at(req.kv_len), *draft], 0, draft=len(draft),
-                                  forced=forced))
+                                  forced=forced, lora=req.lora))
 
     def add_ready(self, req: Req, logits: torch.Tensor) -> None:
         assert req.row is not None and req.kv_len == req.seq_len

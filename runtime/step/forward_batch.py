@@ -138,6 +138,7 @@ class ForwardBatch:
     attn: AttentionMetadata
     logit_starts: list[int]  # per request: its first row in the logits output
     logit_counts: list[int]  # per request: how many rows (the last one predicts the next token)
+    lora: object | None = None  # the step's LoRA adapter groups (runtime/lora/apply.py: LoraBatch); None: none
 
     def next_token_rows(self) -> list[int]:
         return [s + c - 1 for s, c in zip(self.logit_starts, self.logit_counts)]

@@ -225,7 +225,8 @@ class EngineLoop:
         alone: list[tuple[Req, StepPlan]] = []
         for req, entry in zip(plan.reqs, plan.entries):
             if entry.future is not None:
-                entry = BatchEntry(entry.row, entry.prefix_len, [req.token_at(entry.prefix_len)], entry.logits_from)
+                entry = BatchEntry(entry.row, entry.prefix_len, [req.token_at(entry.prefix_len)], entry.logits_from,
+                                   lora=entry.lora)
             alone.append((req, StepPlan.of(req, entry)))
         alone += [(req, StepPlan(ready=[(req, row)])) for req, row in plan.ready]
         for req, step in alone:

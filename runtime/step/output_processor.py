@@ -153,6 +153,9 @@ class OutputProcessor:
             req.detok.flush()
         delta = req.detok.take_delta(final=True)
         self.requests.pop(req.rid, None)
+        if req.lora is not None:  # every end of a request passes here once: its adapter is free of it
+            req.lora.release()
+            req.lora = None
         self.outbox.append((req.sink, req.snapshot(delta)))
 
     def abort_all(self, message: str) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from runtime.output import Logprobs, Output
@@ -26,7 +26,10 @@ class Req:
     detok: IncrementalDetokenizer
     sink: Callable[[Output], None]  # called on the engine thread with each new Output
     seed: int  # with the output length, decides this request's random draws (runtime/sampling/sampler.py)
-    extra_key: str | None = None  # cache salt: namespaces the prefix cache
+    # The prefix cache's namespace: the cache salt, or with an adapter the salt and the adapter's
+    # identity, tagged (runtime/lora/namespace.py)
+    extra_key: Hashable | None = None
+    lora: object | None = None  # the LoRA adapter it runs through (runtime/lora/registry.py: LoadedAdapter)
     index: int = 0  # sample index among the n of its prompt
     arrival: int = 0  # admission order tiebreak (FCFS)
     stream: bool = False

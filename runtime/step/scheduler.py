@@ -165,6 +165,8 @@ class Scheduler:
             return
         admitted = 0
         running_remaining = sum(self._remaining(r) for r in self.running)  # kept up to date below
+        # Every running request is in every step, so at most max_loras_per_batch adapters may run at once.
+        adapters = {r.lora for r in self.running if r.lora is not None}
         for cand in self.policy.order(list(self.waiting)):
             if budget <= 0 or len(self.running) >= self.args.max_running_requests:
                 break
@@ -175,6 +177,8 @@ class Scheduler:
             req = cand.req
             if req.inflight:  # retracted while its last token was in flight: admit once it has landed
                 continue
+            if req.lora is not None and req.lora not in adapters and len(adapters) >= self.args.max_loras_per_batch:
+                continue  # waits until a request of another adapter ends
             # Match again: admitting earlier candidates may have evicted what we matched before;
             # first bring back what of its prefix was demoted to the host or disk tier.
             self.kv.promote(req)
@@ -194,6 +198,8 @@ class Scheduler:
                 break
             req.state = ReqState.RUNNING
             self.running.append(req)
+            if req.lora is not None:
+                adapters.add(req.lora)
             running_remaining += self._remaining(req)
             if req.cached_tokens < 0:  # first admission (not a recompute after retraction)
                 self.on_dequeue(req)
