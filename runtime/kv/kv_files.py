@@ -1,7 +1,7 @@
 """The disk tier's files: one file per cached run of tokens, and the digest that names their folder.
 
-A file is `MAGIC`, an 8-byte header length, a JSON header (the folder's digest, the run's key,
-the encoding, the shape, the block size and the SHA-256 of each block) and the payload: blocks of
+A file is `MAGIC`, an 8-byte header length, a JSON header (the folder's digest, the run's key, whose
+namespace keeps its tag: runtime/lora/namespace.py, the encoding, the shape, the block size and the SHA-256 of each block) and the payload: blocks of
 `BLOCK_TOKENS` tokens, each holding the HostCopy's tensors for its tokens in file order. It is
 written to a temporary name and renamed, so a reader sees all of it or none; a torn, truncated,
 flipped or foreign file reads as None (and goes), never as KV.
@@ -29,6 +29,7 @@ import torch
 
 from radix.tiers import StoredKey
 from runtime.kv.host_codec import HostCodec, HostCopy
+from runtime.lora.namespace import from_json, to_json
 
 logger = logging.getLogger(__name__)
 MAGIC = b"RSKV2\n"
@@ -64,7 +65,7 @@ def write_kv_file(folder: Path, digest: str, key: StoredKey, encoding: str, copy
     tokens = copy.tokens
     blocks = [b"".join(_tensor_bytes(t[:, b : b + block_tokens]) for t in parts) for b in range(0, tokens, block_tokens)]
     header = json.dumps({
-        "digest": digest, "extra_key": key.extra_key, "path": key.path.tolist(),
+        "digest": digest, "extra_key": to_json(key.extra_key), "path": key.path.tolist(),
         "start": key.start, "dtype": encoding, "shape": list(copy.k.shape), "block_tokens": block_tokens,
         "block_sha256": [hashlib.sha256(block).hexdigest() for block in blocks]}).encode()
     path = folder / f"{uuid.uuid4().hex}.kv"
@@ -83,6 +84,7 @@ RETAINED_FILE = "retained.json"  # the live retentions (tier_retention.py), besi
 def write_retained(folder: Path, saved: list[dict[str, object]]) -> None:
     """Replace the folder's record of retentions (atomically, like the KV files)."""
     tmp = folder / (RETAINED_FILE + ".tmp")
+    saved = [{**item, "extra_key": to_json(item.get("extra_key"))} for item in saved]
     tmp.write_text(json.dumps({"version": 1, "retained": saved}))
     os.replace(tmp, folder / RETAINED_FILE)
 
@@ -93,7 +95,8 @@ def read_retained(folder: Path) -> list[dict[str, object]]:
     try:
         data = json.loads((folder / RETAINED_FILE).read_text())
         saved = data["retained"]
-        return [item for item in saved if isinstance(item, dict)] if isinstance(saved, list) else []
+        return [{**item, "extra_key": from_json(item.get("extra_key"))} for item in saved
+                if isinstance(item, dict)] if isinstance(saved, list) else []
     except FileNotFoundError:
         return []
     except (OSError, ValueError, KeyError, TypeError):
@@ -112,7 +115,8 @@ def read_kv_key(path: Path, digest: str, encoding: str) -> StoredKey | None:
     if header is None or header.get("digest") != digest or header.get("dtype") != encoding:
         return None
     try:
-        return StoredKey(header["extra_key"], np.asarray(header["path"], dtype=np.int64), int(header["start"]))
+        return StoredKey(from_json(header["extra_key"]), np.asarray(header["path"], dtype=np.int64),
+                         int(header["start"]))
     except (KeyError, TypeError, ValueError):
         return None
 

@@ -27,7 +27,9 @@ from runtime.models.weights import STACKED
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
-SUPPORTED_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+SUPPORTED_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                     "qkv_proj", "gate_up_proj")  # the last two: checkpoints fused as ours are (Phi-3)
+WHOLE = -1  # the shard index of a pair that adapts a fused module whole
 # PEFT options that change what the adapter computes beyond x @ A.T @ B.T * scale: refused by name.
 UNSUPPORTED_OPTIONS = ("use_dora", "fan_in_fan_out", "modules_to_save", "alpha_pattern", "lora_bias",
                        "layer_replication", "alora_invocation_tokens", "use_qalora", "use_bdlora", "arrow_config",
@@ -163,7 +165,7 @@ def read_adapter(name: str, path: str | Path, targets: dict[str, Target], dtype:
         if proj not in SUPPORTED_TARGETS:
             raise ValueError(f"lora adapter {name!r}: {module} is not a supported target (supported: "
                              f"{', '.join(SUPPORTED_TARGETS)})")
-        ours, shard = STACKED.get(proj, (proj, 0))
+        ours, shard = STACKED.get(proj, (proj, WHOLE if proj in ("qkv_proj", "gate_up_proj") else 0))
         full = f"{parent}.{ours}"
         if full not in targets:
             raise ValueError(f"lora adapter {name!r}: {module} has no matching layer in this model (is the adapter "
@@ -180,6 +182,11 @@ def read_adapter(name: str, path: str | Path, targets: dict[str, Target], dtype:
 def _fuse(name: str, module: str, shards: dict[int, dict[str, torch.Tensor]], target: Target, alpha: float,
           rslora: bool, dtype: torch.dtype, device: torch.device) -> LoraWeights:
     """One module's pair from its shards' pairs: A stacked, B block-diagonal (zero where a shard is absent)."""
+    if WHOLE in shards:  # the checkpoint's own fused module, adapted as one (its shards never apart)
+        if len(shards) > 1:
+            raise ValueError(f"lora adapter {name!r}: {module} is adapted both whole and by its parts")
+        target = Target(target.in_features, (sum(target.shard_sizes),))
+        shards = {0: shards[WHOLE]}
     a_parts, blocks, scales = [], [], []
     for shard in sorted(shards):
         pair = shards[shard]
