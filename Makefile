@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 30000
 MODEL ?= default
 
-.PHONY: install install-agent-model test test-all test-gpu gpu-wheels serve serve-agent serve-cluster bench bench-peers docs clean
+.PHONY: install install-agent-model test test-all test-gpu gpu-wheels serve serve-agent serve-cluster bench bench-peers bench-paper docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,10 @@ bench: install
 
 bench-peers: install
 	$(PY) -m benchmarks.peers
+
+# The SGLang paper's workloads against vLLM's CPU build and llama.cpp (installed like bench-peers).
+bench-paper: install
+	$(PY) -m benchmarks.paper
 
 # The documentation site (docs/, mkdocs.yml) into site/; strict: a broken link or anchor fails it.
 docs: install

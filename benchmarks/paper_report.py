@@ -1,0 +1,78 @@
+"""The markdown table of `make bench-paper` (benchmarks/paper.py), written from the run's own report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+PEERS = [("vllm-cpu", "vLLM CPU"), ("llama.cpp", "llama.cpp")]
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _hit(row: dict[str, Any] | None) -> str:
+    return "-" if row is None or row.get("cache_hit_rate") is None else f"{row['cache_hit_rate']:.0%}"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    systems = {s["name"]: s.get("workloads", {}) for s in report["systems"]}
+    ours = systems.get("radixserve", {})
+    names = list(ours) or sorted({w for rows in systems.values() for w in rows})
+    lines = [f"CPU: {report['cpu']}; {report['date']}; one run (`{report['command'].strip()}`, "
+             f"{report['wall_s'] / 60:.1f} min in all, startups included). Every server alone on the machine but "
+             f"for this client; {report['concurrency']} requests in flight within a phase; greedy; generation "
+             "requests produce a fixed token count (ignore_eos) so each peer does the same work.", "",
+             "| workload | what | radixserve req/s | " + " | ".join(f"{label} req/s" for _, label in PEERS)
+             + " | " + " | ".join(f"vs {label}" for _, label in PEERS)
+             + " | latency p50, s (ours / " + " / ".join(label for _, label in PEERS) + ")"
+             + " | cache hit (ours / " + " / ".join(label for _, label in PEERS) + ") |",
+             "|---|---|---:|" + "---:|" * (2 * len(PEERS)) + "---:|---:|"]
+    for name in names:
+        mine = ours.get(name)
+        theirs = [systems.get(peer, {}).get(name) for peer, _ in PEERS]
+        rate = mine["requests_per_s"] if mine else None
+        ratios = [f"{rate / t['requests_per_s']:.2f}x" if mine and t else "-" for t in theirs]
+        what = (mine or next(t for t in theirs if t))["description"]
+        lines.append(f"| {name} | {what} | {_fmt(rate, '.2f')} | "
+                     + " | ".join(_fmt(t and t["requests_per_s"], ".2f") for t in theirs) + " | "
+                     + " | ".join(ratios) + " | "
+                     + " / ".join(_fmt(r and r["latency_p50_s"], ".2f") for r in [mine, *theirs]) + " | "
+                     + " / ".join(_hit(r) for r in [mine, *theirs]) + " |")
+    lines += ["", _json_line(systems), "", "How each peer answers a select (the workloads mmlu and hellaswag):"]
+    lines += [f"- {kind}: {route}" for kind, route in report["select_routes"].items()]
+    agreement = _agreement(systems)
+    if agreement:
+        lines += ["", "Same choice as radixserve (weights differ: ours and llama.cpp serve the GGUF's Q4_K_M codes, "
+                  "vLLM the bf16 dequantized copy): " + "; ".join(agreement) + "."]
+    failed = [s for s in report["systems"] if "error" in s]
+    lines += [f"\n{s['name']}: not measured ({s['error']})" for s in failed]
+    return "\n".join(lines)
+
+
+def _json_line(systems: dict[str, dict[str, Any]]) -> str:
+    on, off = systems.get("radixserve", {}).get("json"), systems.get("radixserve-no-jump-forward", {}).get("json")
+    parts = []
+    if on and off:
+        same = "identical" if on["outputs"] == off["outputs"] else "NOT identical"
+        parts.append(f"JSON decoding, radixserve with jump-forward {on['requests_per_s']:.2f} req/s against "
+                     f"{off['requests_per_s']:.2f} without (`--disable-jump-forward`): "
+                     f"{on['requests_per_s'] / off['requests_per_s']:.2f}x, outputs {same}, "
+                     f"{on['completion_tokens']} tokens in all.")
+    valid = [f"{name} {rows['json']['valid_json']}/{rows['json']['requests']}"
+             for name, rows in systems.items() if rows.get("json")]
+    if valid:
+        parts.append("Records that parse with every required key: " + ", ".join(valid) + ".")
+    return " ".join(parts)
+
+
+def _agreement(systems: dict[str, dict[str, Any]]) -> list[str]:
+    ours = systems.get("radixserve", {})
+    out = []
+    for peer, label in PEERS:
+        for name in ("mmlu", "hellaswag"):
+            mine, theirs = ours.get(name), systems.get(peer, {}).get(name)
+            if mine and theirs:
+                same = sum(a == b for a, b in zip(mine["outputs"], theirs["outputs"]))
+                out.append(f"{label} {name} {same}/{len(mine['outputs'])}")
+    return out
