@@ -146,7 +146,7 @@ class Engine:
         rids = [rid] if params.n == 1 else [f"{rid}.{i}" for i in range(params.n)]
         try:  # each sample holds the adapter until it ends (the loop releases it)
             adapters = [self.lora.acquire(lora) for _ in rids] if lora is not None and self.lora else [None] * len(rids)
-        except (LookupError, ValueError):
+        except (LookupError, ValueError, RuntimeError):  # unknown, changed on disk, or no room (AdapterBusy)
             with self._queue_lock:
                 self._queued -= params.n
             raise
@@ -327,12 +327,17 @@ class Engine:
         self.loop.post(lambda: self.loop.abort(rid))
 
     def pin_prefix(self, key: str, token_ids: Sequence[int], ttl_s: float, cache_salt: str | None = None,
-                   priority: int = 0) -> None:
+                   priority: int = 0, lora: str | None = None) -> None:
         """Retain the cached prefix of `token_ids` (a finished conversation, a prompt that asked for
         retention) for `ttl_s` seconds, under `key` (pinning a key again replaces its pin): evicted
-        last, lower `priority` first. Bounded: runtime/kv/pins.py."""
+        last, lower `priority` first; with `lora`, the prefix that adapter cached (no pin if it is
+        no longer loaded). Bounded: runtime/kv/pins.py."""
         ids = list(token_ids)
-        self.loop.post(lambda: self.kv.pins.pin(key, ids, ttl_s, cache_salt, priority))
+        identity = self.lora.identity(lora) if lora is not None and self.lora is not None else None
+        if lora is not None and identity is None:
+            return
+        namespace = cache_key(cache_salt, identity)
+        self.loop.post(lambda: self.kv.pins.pin(key, ids, ttl_s, namespace, priority))
 
     def unpin_prefix(self, key: str) -> None:
         self.loop.post(lambda: self.kv.pins.unpin(key))

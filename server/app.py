@@ -21,6 +21,7 @@ from server.anthropic import routes as anthropic_api
 from server.cache_view import routes as cache_api
 from server.common.errors import APIError, error_response
 from server.common.state import ServerSettings, ServerState
+from server.lora import routes as lora_api
 from server.ollama import errors as ollama_errors
 from server.ollama import routes as ollama_api
 from server.openai import routes as openai_api
@@ -129,6 +130,10 @@ def build_app(engine: Engine, settings: ServerSettings | None = None,
         Route("/v1/responses/{response_id}", responses_api.get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses_api.delete_response, methods=["DELETE"]),
         Route("/generate", native_api.generate, methods=["POST"]),
+        Route("/load_lora_adapter", lora_api.sglang_load, methods=["POST"]),  # LoRA adapters (server/lora/)
+        Route("/unload_lora_adapter", lora_api.sglang_unload, methods=["POST"]),
+        Route("/v1/load_lora_adapter", lora_api.vllm_load, methods=["POST"]),
+        Route("/v1/unload_lora_adapter", lora_api.vllm_unload, methods=["POST"]),
         Route("/flush_cache", native_api.flush_cache, methods=["POST", "GET"]),
         Route("/abort_request", native_api.abort_request, methods=["POST"]),
         Route("/get_model_info", native_api.get_model_info, methods=["GET"]),

@@ -9,6 +9,7 @@ import msgspec
 
 from server.anthropic import protocol as an
 from server.common.errors import ErrorResponse
+from server.lora import protocol as lr
 from server.ollama import protocol as ol
 from server.openai import protocol as p
 from server.pipeline.request import ChatCompletionRequest
@@ -30,6 +31,10 @@ ROUTES: list[tuple[str, str, type | None, type | None, str]] = [
     ("delete", "/v1/responses/{response_id}", None, rs.ResponseDeleted, "Delete a stored response"),
     ("post", "/generate", sg.GenerateRequest, sg.GenerateResponse, "Generate (SGLang native)"),
     ("post", "/abort_request", sg.AbortRequest, None, "Abort a request by id"),
+    ("post", "/load_lora_adapter", lr.LoadLoraRequest, lr.LoraResult, "Load a LoRA adapter (SGLang shape)"),
+    ("post", "/unload_lora_adapter", lr.UnloadLoraRequest, lr.LoraResult, "Unload a LoRA adapter (SGLang shape)"),
+    ("post", "/v1/load_lora_adapter", lr.LoadLoraRequest, None, "Load a LoRA adapter (vLLM shape; text answer)"),
+    ("post", "/v1/unload_lora_adapter", lr.UnloadLoraRequest, None, "Unload a LoRA adapter (vLLM shape; text answer)"),
     ("post", "/flush_cache", None, None, "Drop the prefix cache"),
     ("get", "/get_model_info", None, None, "Model facts"),
     ("post", "/tokenize", None, None, "Token ids of a text"),

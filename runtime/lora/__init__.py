@@ -7,6 +7,6 @@ namespace.py is the prefix cache's tagged key, so adapter KV is reachable only b
 """
 
 from runtime.lora.adapter import AdapterIdentity
-from runtime.lora.registry import AdapterNotFound, LoraRegistry
+from runtime.lora.registry import AdapterBusy, AdapterNotFound, LoraRegistry
 
-__all__ = ["AdapterIdentity", "AdapterNotFound", "LoraRegistry"]
+__all__ = ["AdapterBusy", "AdapterIdentity", "AdapterNotFound", "LoraRegistry"]

@@ -31,6 +31,10 @@ class AdapterNotFound(LookupError):
     """No adapter of that name is loaded (the server answers 404)."""
 
 
+class AdapterBusy(RuntimeError):
+    """Every held adapter is in use, so no other can be held now (the server answers 503)."""
+
+
 @dataclass(eq=False)
 class LoadedAdapter:
     """An adapter held in memory; a request holds it from submission to its end."""
@@ -101,7 +105,8 @@ class LoraRegistry:
 
     def acquire(self, name: str) -> LoadedAdapter:
         """The adapter `name`, counted as used until its `release()`; read back from its folder if it
-        was dropped for room. AdapterNotFound for an unknown name; ValueError when it cannot be held."""
+        was dropped for room. AdapterNotFound for an unknown name; AdapterBusy when no room can be made;
+        ValueError when its files changed."""
         with self._lock:
             known = self._known.get(name)
             if known is None:
@@ -125,7 +130,7 @@ class LoraRegistry:
         while len(self._held) >= self.max_loaded:
             idle = next((n for n, a in self._held.items() if a.users == 0), None)
             if idle is None:
-                raise ValueError(f"cannot hold LoRA adapter {name!r}: all {self.max_loaded} held adapters "
+                raise AdapterBusy(f"cannot hold LoRA adapter {name!r}: all {self.max_loaded} held adapters "
                                  "(--max-loaded-loras) are in use; try again when requests finish")
             del self._held[idle]
             self.evictions += 1

@@ -79,10 +79,34 @@ class ServerState:
         return {self.served_model_name, self.engine.args.model, str(self.engine.model_path),
                 *(builtin.names if builtin is not None else ())}
 
-    def check_model(self, model: str | None) -> None:
-        """A request's `model` must name this one (or be absent): else a 400 naming the field."""
-        if model is not None and model not in self.model_names:
-            raise APIError(400, f"model {model!r} is not served here; available: {self.served_model_name!r}", "model")
+    def check_model(self, model: str | None, adapters: bool = False) -> str | None:
+        """A request's `model` must name this one (or be absent): else a 400 naming the field. With
+        `adapters` (a route that serves them), it may name a loaded LoRA adapter, as vLLM's does: its
+        name is returned (None: the base model)."""
+        if model is None or model in self.model_names:
+            return None
+        if model in self.adapter_names():
+            if adapters:
+                return model
+            raise APIError(400, f"model {model!r} is a LoRA adapter; this route serves the base model "
+                                f"{self.served_model_name!r} only", "model")
+        names = [self.served_model_name, *self.adapter_names()]
+        raise APIError(400, f"model {model!r} is not served here; available: {', '.join(map(repr, names))}", "model")
+
+    def adapter_names(self) -> list[str]:
+        lora = self.engine.lora
+        return lora.names() if lora is not None else []
+
+    def adapter_for(self, model: str | None, lora_path: object = None) -> str | None:
+        """The adapter a request runs through: SGLang's `lora_path` (an adapter's name) where set, else
+        `model` where it names one (vLLM); None: the base model. A 400 naming the field otherwise."""
+        if lora_path is None or lora_path == "":
+            return self.check_model(model, adapters=True)
+        self.check_model(model, adapters=True)
+        if not isinstance(lora_path, str) or lora_path not in self.adapter_names():
+            loaded = ", ".join(map(repr, self.adapter_names())) or "none (start with --enable-lora or --lora-paths)"
+            raise APIError(400, f"lora_path: {lora_path!r} is not a loaded LoRA adapter; loaded: {loaded}", "lora_path")
+        return lora_path
 
     def token_text(self, token: int) -> str:
         return self._token_text(token)

@@ -130,6 +130,8 @@ class ModelCard(msgspec.Struct):
     owned_by: str = "radixserve"
     object: str = "model"
     max_model_len: int | None = None
+    root: str | None = None  # vLLM's: what the model was loaded from (an adapter's folder)
+    parent: str | None = None  # a LoRA adapter's base model (vLLM's field); None for the base itself
 
 
 class ModelList(msgspec.Struct):

@@ -101,17 +101,37 @@ def _card(state: ServerState) -> ModelCard:
     return ModelCard(id=state.served_model_name, created=state.started, max_model_len=state.engine.context_len)
 
 
+def _adapter_cards(state: ServerState) -> list[ModelCard]:
+    """The loaded LoRA adapters, each a model whose `parent` is the base (as vLLM lists them)."""
+    lora = state.engine.lora
+    return [msgspec.structs.replace(_card(state), id=a.name, root=a.path, parent=state.served_model_name)
+            for a in (lora.describe() if lora is not None else [])]
+
+
 async def list_models(request: Request) -> Response:
-    return json_response(ModelList(data=[_card(request.app.state.radix)]))
+    state: ServerState = request.app.state.radix
+    return json_response(ModelList(data=[_card(state), *_adapter_cards(state)]))
 
 
 async def retrieve_model(request: Request) -> Response:
     """GET /v1/models/{model} (the openai SDK's models.retrieve): the card, under any served name."""
     state: ServerState = request.app.state.radix
     name = request.path_params["model"]
+    adapter = next((card for card in _adapter_cards(state) if card.id == name), None)
+    if adapter is not None:
+        return json_response(adapter)
     if name not in state.model_names:
         raise APIError(404, f"The model {name!r} does not exist; available: {state.served_model_name!r}", "model")
     return json_response(msgspec.structs.replace(_card(state), id=name))
+
+
+def _reported(state: ServerState, body: object) -> str:
+    """The `model` a response names: the LoRA adapter the request ran through (as vLLM answers), else
+    the served name. (The route has already checked that a name other than the base's is an adapter.)"""
+    lora_path, model = getattr(body, "lora_path", None), getattr(body, "model", None)
+    if isinstance(lora_path, str) and lora_path:
+        return lora_path
+    return model if model is not None and model not in state.model_names else state.served_model_name
 
 
 # -- /v1/completions ------------------------------------------------------------------------------------
@@ -145,7 +165,7 @@ def _check_completion(body: CompletionRequest) -> int:
 async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.radix
     body = decode_body(await state.read_body(request), CompletionRequest)
-    state.check_model(body.model)
+    lora = state.adapter_for(body.model, body.lora_path)
     best_of = _check_completion(body)
     engine = state.engine
     try:
@@ -169,15 +189,15 @@ async def completions(request: Request) -> Response:
     # SGLang's `rid`: the engine's request id, so /abort_request can stop it (prompt i of several: rid.p<i>).
     rids = [body.rid if body.rid is None or len(prompts) == 1 else f"{body.rid}.p{i}" for i in range(len(prompts))]
     if body.stream:
-        streams = [run_request(engine, state.metrics, ids, params, rid=r, cache_salt=body.cache_salt, stream=True)
-                   for ids, r in zip(prompts, rids)]
+        streams = [run_request(engine, state.metrics, ids, params, rid=r, cache_salt=body.cache_salt, stream=True,
+                               lora=lora) for ids, r in zip(prompts, rids)]
         streams = [PrimedStream(s) for s in streams]
         for stream in streams:  # submit now: bad input is a plain 400, not an error inside the event stream
             await stream.prime()
         return StreamingResponse(sse(_completion_events(state, rid, body, echoes, streams)),
                                  media_type="text/event-stream")
-    results = await asyncio.gather(*(collect(engine, state.metrics, ids, params, rid=r, cache_salt=body.cache_salt)
-                                     for ids, r in zip(prompts, rids)))
+    results = await asyncio.gather(*(collect(engine, state.metrics, ids, params, rid=r, cache_salt=body.cache_salt,
+                                             lora=lora) for ids, r in zip(prompts, rids)))
     asked = asked_stops(body)
     choices, outs, prompt_usage = [], [], []
     for p, group in enumerate(results):
@@ -190,7 +210,7 @@ async def completions(request: Request) -> Response:
                 logprobs=completion_logprobs(state, entries(out, body.echo)) if body.logprobs is not None else None,
                 matched_stop=matched, stop_reason=reason))
     state.log_response(rid, [c.text for c in choices])
-    return json_response(CompletionResponse(id=rid, created=int(time.time()), model=state.served_model_name,
+    return json_response(CompletionResponse(id=rid, created=int(time.time()), model=_reported(state, body),
                                             choices=choices, usage=usage(outs, prompt_usage)))
 
 
@@ -235,10 +255,10 @@ async def _completion_events(state: ServerState, rid: str, body: CompletionReque
         matched, reason = stop_fields(out, asked)
         choice = CompletionChoice(index=index, text=text, finish_reason=out.finish_reason, logprobs=logprobs,
                                   matched_stop=matched, stop_reason=reason)
-        yield msgspec.json.encode(CompletionResponse(id=rid, created=created, model=state.served_model_name,
+        yield msgspec.json.encode(CompletionResponse(id=rid, created=created, model=_reported(state, body),
                                                      choices=[choice]))
     if body.stream_options is not None and body.stream_options.include_usage:
-        yield msgspec.json.encode(CompletionResponse(id=rid, created=created, model=state.served_model_name,
+        yield msgspec.json.encode(CompletionResponse(id=rid, created=created, model=_reported(state, body),
                                                      choices=[], usage=usage(finals, list(prompt_usage.values()))))
 
 
@@ -248,10 +268,11 @@ async def _completion_events(state: ServerState, rid: str, body: CompletionReque
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.radix
     body = decode_body(await state.read_body(request), ChatCompletionRequest)
-    state.check_model(body.model)
+    lora = state.adapter_for(body.model, body.lora_path)
     if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
         raise APIError(400, "top_logprobs must be in [0, 20]", "top_logprobs")
     plan = plan_chat(state, body, top_logprobs=(body.top_logprobs or 0) if body.logprobs else None)
+    plan.lora = lora
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     state.log_request(rid, body.messages)
     if body.stream:
@@ -267,7 +288,7 @@ async def chat_completions(request: Request) -> Response:
                                   logprobs=chat_logprobs(state, o) if body.logprobs else None,
                                   matched_stop=matched, stop_reason=reason))
     state.log_response(rid, [o.text for o in outs])
-    return json_response(ChatCompletionResponse(id=rid, created=int(time.time()), model=state.served_model_name,
+    return json_response(ChatCompletionResponse(id=rid, created=int(time.time()), model=_reported(state, body),
                                                 choices=choices,
                                                 usage=usage(outs, [(outs[0].prompt_tokens, outs[0].cached_tokens)])))
 
@@ -275,7 +296,7 @@ async def chat_completions(request: Request) -> Response:
 async def _chat_events(state: ServerState, rid: str, body: ChatCompletionRequest,
                        stream: AsyncIterator[Output], plan: ChatPlan) -> AsyncIterator[bytes]:
     created = int(time.time())
-    model = state.served_model_name
+    model = _reported(state, body)
     choices: dict[int, ChoiceStream] = {}
     finals: list[Output] = []
     asked = asked_stops(body)

@@ -66,6 +66,7 @@ class ChatPlan:
     retains: list[Retain] = field(default_factory=list)  # cache_control marks (server/pipeline/retention.py)
     cache_salt: str | None = None
     rid: str | None = None  # SGLang's `rid`: the engine's request id, so /abort_request can stop it
+    lora: str | None = None  # the LoRA adapter it runs through (the route's choice: ServerState.adapter_for)
 
 
 def sampling_params(req: SamplingFields, default_max: int, extra_stop: Sequence[str] = (),
@@ -170,8 +171,9 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest, top_logprobs: int
 
 async def run_chat(state: ServerState, plan: ChatPlan) -> list[Output]:
     """Run a planned request to completion (its n outputs, by sample index), then retain what it asked."""
-    outs = await collect(state.engine, state.metrics, plan.ids, plan.params, rid=plan.rid, cache_salt=plan.cache_salt)
-    retain(state.engine, plan.retains, plan.cache_salt)
+    outs = await collect(state.engine, state.metrics, plan.ids, plan.params, rid=plan.rid, cache_salt=plan.cache_salt,
+                         lora=plan.lora)
+    retain(state.engine, plan.retains, plan.cache_salt, plan.lora)
     return outs
 
 
@@ -180,8 +182,8 @@ async def stream_chat(state: ServerState, plan: ChatPlan) -> AsyncIterator[Outpu
     input is a plain 400, not an error inside an event stream; marked prefixes are retained once
     it finished."""
     outputs = run_request(state.engine, state.metrics, plan.ids, plan.params, rid=plan.rid,
-                          cache_salt=plan.cache_salt, stream=True)
-    stream = PrimedStream(retaining(outputs, state.engine, plan.retains, plan.cache_salt))
+                          cache_salt=plan.cache_salt, stream=True, lora=plan.lora)
+    stream = PrimedStream(retaining(outputs, state.engine, plan.retains, plan.cache_salt, plan.lora))
     await stream.prime()
     return stream
 

@@ -27,16 +27,19 @@ class Timing:
 
 async def run_request(engine: Engine, metrics: Metrics, input_ids: Sequence[int], params: SamplingParams,
                       rid: str | None = None, cache_salt: str | None = None,
-                      stream: bool = False, pooling: PoolingParams | None = None) -> AsyncIterator[Output]:
+                      stream: bool = False, pooling: PoolingParams | None = None,
+                      lora: str | None = None) -> AsyncIterator[Output]:
     timing = Timing()
     # Engine.outputs submits on its first step and aborts every sample still running when it is
     # closed early (a client gone), so their KV comes back.
     async with aclosing(engine.outputs(input_ids, params, rid=rid, cache_salt=cache_salt, stream=stream,
-                                       pooling=pooling)) as outputs:
+                                       pooling=pooling, lora=lora)) as outputs:
         try:
             first = await anext(outputs, None)
         except QueueFullError as exc:
             raise APIError(429, str(exc), headers={"Retry-After": "1"}) from exc
+        except LookupError as exc:  # a LoRA adapter unloaded since the route checked its name
+            raise APIError(400, str(exc)) from exc
         except ValueError as exc:
             raise bad_request(exc) from exc
         except RuntimeError as exc:
@@ -57,11 +60,11 @@ async def run_request(engine: Engine, metrics: Metrics, input_ids: Sequence[int]
 
 async def collect(engine: Engine, metrics: Metrics, input_ids: Sequence[int], params: SamplingParams,
                   rid: str | None = None, cache_salt: str | None = None,
-                  pooling: PoolingParams | None = None) -> list[Output]:
+                  pooling: PoolingParams | None = None, lora: str | None = None) -> list[Output]:
     """Run to completion; the n finished Outputs ordered by sample index (with `pooling`: the one
     Output carrying an embedding or chosen logits, runtime/sampling/pooling.py)."""
-    finals = [out async for out in run_request(engine, metrics, input_ids, params, rid, cache_salt, pooling=pooling)
-              if out.finished]
+    finals = [out async for out in run_request(engine, metrics, input_ids, params, rid, cache_salt, pooling=pooling,
+                                               lora=lora) if out.finished]
     for out in finals:
         if out.error:
             raise APIError(500, out.error)

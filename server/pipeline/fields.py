@@ -74,7 +74,6 @@ REFUSED: dict[str, str] = {
     "allowed_token_ids": "allowed_token_ids is not supported; use regex or ebnf",
     "bad_words": "bad_words is not supported",
     "truncate_prompt_tokens": "truncate_prompt_tokens is not supported (a prompt that does not fit is a 400)",
-    "lora_path": "lora_path: LoRA adapters are not supported",
     "return_hidden_states": "return_hidden_states is not supported; use /v1/embeddings",
     "audio": "audio output is not supported",
     "web_search_options": "web search is not supported",

@@ -122,19 +122,21 @@ def chat_request_retains(state: ServerState, body: ChatCompletionRequest, prompt
     return chat_retains(body, prompt_ids, render)
 
 
-def retain(engine: Engine, retains: Sequence[Retain], cache_salt: str | None) -> None:
-    """Ask the engine to keep each prefix (after the request that computed it finished)."""
+def retain(engine: Engine, retains: Sequence[Retain], cache_salt: str | None, lora: str | None = None) -> None:
+    """Ask the engine to keep each prefix (after the request that computed it finished), in the
+    request's namespace: its salt, and its LoRA adapter where it ran through one."""
     for item in retains:
-        digest = hashlib.blake2b(msgspec.json.encode([cache_salt, item.ids]), digest_size=16).hexdigest()
-        engine.pin_prefix(f"retain:{digest}", item.ids, item.ttl_s, cache_salt, item.priority)
+        key = [cache_salt, item.ids] if lora is None else [cache_salt, item.ids, "lora", lora]
+        digest = hashlib.blake2b(msgspec.json.encode(key), digest_size=16).hexdigest()
+        engine.pin_prefix(f"retain:{digest}", item.ids, item.ttl_s, cache_salt, item.priority, lora=lora)
 
 
 async def retaining(outputs: AsyncIterator[Output], engine: Engine, retains: Sequence[Retain],
-                    cache_salt: str | None) -> AsyncIterator[Output]:
+                    cache_salt: str | None, lora: str | None = None) -> AsyncIterator[Output]:
     """Pass a request's outputs through; once it has finished, retain its prefixes."""
     finished = False
     async for out in outputs:
         finished = finished or out.finished
         yield out
     if finished and retains:
-        retain(engine, retains, cache_salt)
+        retain(engine, retains, cache_salt, lora)

@@ -44,7 +44,7 @@ REQUEST_REFUSED = {
     "video_max_dynamic_patch": "multimodal input", "need_wait_for_mm_inputs": "multimodal input",
     "num_items_assigned": "multimodal input", "encoder_urls": "multimodal input",
     "positional_embed_overrides": "embedding overrides",
-    "lora_path": "LoRA adapters", "lora_id": "LoRA adapters",
+    "lora_id": "LoRA adapters by SGLang's internal id (name one by lora_path)",
     "custom_logit_processor": "custom logit processors", "watermark": "watermarking",
     "session_params": "sessions (open_session)", "token_ids_logprob": "logprobs of chosen token ids",
     "return_sampling_mask": "sampling masks", "sampling_logprobs_mode": "sampling masks",

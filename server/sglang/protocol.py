@@ -29,6 +29,7 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rid: str | list[str] | None = None
     cache_salt: str | list[str] | None = None
     extra_key: str | list[str] | None = None  # SGLang's other cache namespace; joined with cache_salt
+    lora_path: str | list[str | None] | None = None  # a loaded LoRA adapter's name (SGLang's), or one per prompt
     # Keep the prompt cached this many seconds (server/pipeline/retention.py); priority: higher is released later.
     retention_seconds: float | list[float | None] | None = None
     priority: int | list[int | None] | None = None

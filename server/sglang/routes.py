@@ -138,22 +138,24 @@ async def generate(request: Request) -> Response:
     params = [_params(r, {"return_logprob": a, "logprob_start_len": b, "top_logprobs_num": c})
               for r, (a, b, c) in zip(raws, tops)]
     rids, salts = _rids(body.rid, count), _salts(body, count)
+    loras = [state.adapter_for(None, name) for name in _each(body.lora_path, count, "lora_path")]
     keeps = _retains(body, prompts)
     with_text = body.return_text_in_logprobs
     if body.stream:
         if count != 1 or params[0].n != 1:
             raise APIError(400, "stream: one prompt with n = 1 per streamed request", "stream")
         stream = PrimedStream(retaining(run_request(state.engine, state.metrics, prompts[0], params[0], rid=rids[0],
-                                                    cache_salt=salts[0], stream=True), state.engine, keeps[0], salts[0]))
+                                                    cache_salt=salts[0], stream=True, lora=loras[0]),
+                                        state.engine, keeps[0], salts[0], loras[0]))
         await stream.prime()
         return StreamingResponse(sse(_events(state, stream, with_text, params[0].return_logprob)),
                                  media_type="text/event-stream")
     state.log_request("generate", body.text or body.input_ids)
     groups = await asyncio.gather(*(
-        collect(state.engine, state.metrics, ids, p, rid=rids[i], cache_salt=salts[i])
+        collect(state.engine, state.metrics, ids, p, rid=rids[i], cache_salt=salts[i], lora=loras[i])
         for i, (ids, p) in enumerate(zip(prompts, params))))
-    for keep, salt in zip(keeps, salts):
-        retain(state.engine, keep, salt)
+    for keep, salt, lora in zip(keeps, salts, loras):
+        retain(state.engine, keep, salt, lora)
     outs = [_response(state, o, with_text, p.return_logprob) for group, p in zip(groups, params) for o in group]
     single = isinstance(body.text, str) or (body.input_ids and isinstance(body.input_ids[0], int))
     return json_response(outs[0] if single and len(outs) == 1 else outs)

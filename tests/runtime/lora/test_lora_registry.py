@@ -74,7 +74,7 @@ def test_least_recently_used_idle_adapter_makes_room(llama_lora: LoraSetup, tmp_
         gate = threading.Event()
         long = {**GREEDY, "max_new_tokens": 200}
         rids = engine.submit(s.prompts[0], long, lambda out: gate.set() if out.finished else None, lora="b")
-        with pytest.raises(ValueError, match="in use"):
+        with pytest.raises(RuntimeError, match="in use"):
             engine.load_lora_adapter("c", str(s.adapters["c"]))
         engine.abort(rids[0])
         assert gate.wait(60)
