@@ -14,7 +14,7 @@ from frontend_lang.typed_gen import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_ST
 SAMPLING_KEYS = ("max_new_tokens", "min_new_tokens", "n", "temperature", "top_p", "top_k", "min_p",
                  "frequency_penalty", "presence_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
                  "stop_regex", "ignore_eos", "return_logprob", "logprob_start_len", "top_logprobs_num",
-                 "return_text_in_logprobs", "regex", "json_schema")
+                 "return_text_in_logprobs", "regex", "json_schema", "lora")
 LIST_KEYS = ("stop", "stop_token_ids", "stop_regex")  # empty means unset
 
 
@@ -106,14 +106,15 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         return_text_in_logprobs: bool | None = None, dtype: type | str | None = None,
         choices: list[str] | None = None, choices_method: object = None, regex: str | None = None,
         json_schema: str | dict | None = None, max_new_tokens: int | None = None,
-        repetition_penalty: float | None = None, seed: int | None = None) -> Gen | Select:
+        repetition_penalty: float | None = None, seed: int | None = None, lora: str | None = None) -> Gen | Select:
     """Generate text into `s[name]`, with SGLang's arguments (and ours: max_new_tokens,
     repetition_penalty, seed).
 
     choices: select one of them instead (as SGLang's gen does). dtype (int, float, str, bool):
     constrain to the type's regex and store the typed value. min_tokens: no EOS, stop token or
     stop string before that many tokens. n > 1: s[name] is the list of n samples; the text gets
-    the first. stop_regex: stop where the output matches one of these patterns.
+    the first. stop_regex: stop where the output matches one of these patterns. lora: through the
+    server's LoRA adapter of that name (run(lora=...) sets it for every gen of a run).
     """
     if choices is not None:
         return select(name, choices, choices_method)
@@ -126,7 +127,7 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
                   presence_penalty=presence_penalty, repetition_penalty=repetition_penalty, ignore_eos=ignore_eos,
                   seed=seed, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                   top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs, regex=regex,
-                  json_schema=json_schema)
+                  json_schema=json_schema, lora=lora)
     return Gen(name, {k: v for k, v in values.items() if v is not None}, resolve_dtype(dtype))
 
 

@@ -24,7 +24,8 @@ class EngineBackend(Backend):
         return lambda messages, add_generation_prompt: tok.apply_chat_template(messages, add_generation_prompt)
 
     def generate(self, prompt: Prompt, params: dict[str, object]) -> Completion:
-        outs = self.engine.generate(input_ids=self.engine.encode(prompt.text), sampling_params=_engine_params(params))
+        outs = self.engine.generate(input_ids=self.engine.encode(prompt.text), sampling_params=_engine_params(params),
+                                    lora=params.get("lora"))
         out = outs[0]
         for failed in outs:
             if failed.error:
@@ -44,7 +45,7 @@ class EngineBackend(Backend):
         async def pump() -> None:
             try:
                 async for out in self.engine.stream(input_ids=self.engine.encode(prompt.text),
-                                                    sampling_params=_engine_params(params)):
+                                                    sampling_params=_engine_params(params), lora=params.get("lora")):
                     if out.error:
                         raise BackendError(out.error)
                     deltas.put(out.delta_text)
@@ -93,5 +94,6 @@ class EngineBackend(Backend):
 
 def _engine_params(params: dict[str, object]) -> dict[str, object]:
     """The request fields that are not sampling parameters of the engine: texts in logprobs are a
-    server-side formatting choice (the engine's logprobs carry token ids)."""
-    return {k: v for k, v in params.items() if k != "return_text_in_logprobs"}
+    server-side formatting choice (the engine's logprobs carry token ids); the LoRA adapter is the
+    request's, not a sampling parameter."""
+    return {k: v for k, v in params.items() if k not in ("return_text_in_logprobs", "lora")}

@@ -14,7 +14,7 @@ from frontend_lang.chat_template import Render
 _OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "stop": "stop",
                   "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty", "seed": "seed"}
 _EXTRA_NAMES = {"min_new_tokens": "min_tokens"}
-_NOT_SENT = {"return_text_in_logprobs"}  # /generate's logprob formatting; nothing to ask of an OpenAI server
+_NOT_SENT = {"return_text_in_logprobs", "lora"}  # /generate's logprob formatting; the adapter is the model
 
 
 class OpenAI(Backend):
@@ -41,9 +41,10 @@ class OpenAI(Backend):
         import openai
 
         known, extra = self._params(params)
+        model = params.get("lora") or self.model  # a LoRA adapter is chosen by its name as the model (vLLM's way)
         try:
             if prompt.in_assistant and prompt.messages:
-                resp = self.client.chat.completions.create(model=self.model, messages=prompt.messages,
+                resp = self.client.chat.completions.create(model=model, messages=prompt.messages,
                                                            stream=stream, extra_body=extra, **known)
                 if not stream:
                     yield resp.choices[0].message.content or ""
@@ -52,7 +53,7 @@ class OpenAI(Backend):
                     if chunk.choices:
                         yield chunk.choices[0].delta.content or ""
                 return
-            resp = self.client.completions.create(model=self.model, prompt=prompt.text, stream=stream,
+            resp = self.client.completions.create(model=model, prompt=prompt.text, stream=stream,
                                                   extra_body=extra, **known)
             if not stream:
                 yield resp.choices[0].text

@@ -92,5 +92,7 @@ def _body(text: str, params: dict[str, object]) -> dict[str, object]:
     """A /generate body: the logprob switches are top-level fields, as SGLang has them."""
     body: dict[str, object] = {"text": text}
     body.update({k: params[k] for k in REQUEST_FIELDS if k in params})
-    body["sampling_params"] = {k: v for k, v in params.items() if k not in REQUEST_FIELDS}
+    if params.get("lora"):  # a LoRA adapter, by SGLang's field for its name
+        body["lora_path"] = params["lora"]
+    body["sampling_params"] = {k: v for k, v in params.items() if k not in REQUEST_FIELDS and k != "lora"}
     return body
