@@ -16,8 +16,12 @@ file's tensors (benchmarks/memory_bound.py) x tok/s / the copy bandwidth.
 Results: benchmarks/results/real_shapes.json and .md (the CPU kind and the date in both).
 
     python -m benchmarks.real_shapes [--rows llama-3.2-1b:16 coder-1.5b qwen2.5-7b:28 ...] [--trials 2]
+        [--prepare-only] [--append]
 
-Every run whose figures are reported holds the machine alone (`flock -x /tmp/radixserve-bench.lock`).
+`--prepare-only` writes the files and converts them for radixserve, measuring nothing (it needs no
+quiet machine); `--append` keeps the JSON's other rows (each row carries the bandwidth and the
+time of its own run), so rows can be measured one run at a time. Every run whose figures are
+reported holds the machine alone (`flock -x /tmp/radixserve-bench.lock`).
 """
 
 from __future__ import annotations
@@ -62,15 +66,24 @@ def coder_gguf() -> Path:
     return target
 
 
-def row_file(row: str) -> tuple[str, Path, str]:
-    """(label, file, what it is) for a row spelled `coder-1.5b` or `SHAPE[:LAYERS]`."""
+def row_label(row: str) -> str:
+    """`coder-1.5b`, or `SHAPE:LAYERS` for a row spelled `SHAPE[:LAYERS]`."""
     if row == CODER_ROW:
-        return row, coder_gguf(), "Qwen2.5-Coder-1.5B-Instruct, real weights (28 of 28 layers)"
+        return row
     name, _, layers = row.partition(":")
     if name not in SHAPES:
         raise ValueError(f"--rows: {row!r} is neither {CODER_ROW} nor one of {sorted(SHAPES)} (with :LAYERS)")
+    return f"{name}:{int(layers) if layers else SHAPES[name].layers}"
+
+
+def row_file(row: str) -> tuple[str, Path, str]:
+    """(label, file, what it is) for a row spelled `coder-1.5b` or `SHAPE[:LAYERS]`."""
+    label = row_label(row)
+    if label == CODER_ROW:
+        return label, coder_gguf(), "Qwen2.5-Coder-1.5B-Instruct, real weights (28 of 28 layers)"
+    name, _, layers = label.partition(":")
     shape = SHAPES[name]
-    count = int(layers) if layers else shape.layers
+    count = int(layers)
     path = ensure_shape_gguf(shape, count, coder_gguf(), llama_python(), log=lambda m: print(m, flush=True))
     return f"{name}:{count}", path, f"{shape.title} shape, random weights ({count} of {shape.layers} layers)"
 
@@ -134,9 +147,10 @@ def measure(system: str, path: Path, trials: int) -> dict:
 
 def markdown(report: dict) -> str:
     bw = report["bandwidth"]
-    lines = [f"CPU: {report['cpu']}; {report['date']}; radixserve at {report['commit']}; median of {report['trials']} "
-             f"trials; each server alone but for this client; KV budget {KV_TOKENS} tokens each. Bandwidth measured "
-             f"here: copy {bw['copy_gb_s']:.1f} GB/s (read + written), read {bw['read_gb_s']:.1f} GB/s.", "",
+    lines = [f"CPU: {report['cpu']}; median of {report['trials']} trials; each server alone but for this client; "
+             f"KV budget {KV_TOKENS} tokens each. Bandwidth measured with each row (the last: copy "
+             f"{bw['copy_gb_s']:.1f} GB/s, read + written; read {bw['read_gb_s']:.1f} GB/s). Rows measured "
+             + "; ".join(f"{r['row']} {r['date']} at {r['commit']}" for r in report["rows"]) + ".", "",
              "| model (file) | system | prompt tok/s | one stream tok/s | 16 streams tok/s | peak RSS GiB | "
              "start-up s | one stream, of copy bandwidth |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for row in report["rows"]:
@@ -157,17 +171,29 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--json", type=Path, default=RESULTS / "real_shapes.json")
+    parser.add_argument("--prepare-only", action="store_true", help="write and convert the files; measure nothing")
+    parser.add_argument("--append", action="store_true", help="keep the JSON's rows that this run does not measure")
     args = parser.parse_args(argv)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=str(Path(__file__).resolve().parents[1])).stdout.strip()
-    report: dict = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
-                    "trials": args.trials, "bandwidth": memory_bound.stream_bandwidth(), "rows": []}
+    if args.prepare_only:
+        for row in args.rows:
+            _, path, _ = row_file(row)
+            if "radixserve" in args.systems:
+                prepare("radixserve", path)
+        return {}
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    report: dict = {"cpu": cpu_name(), "date": date, "commit": commit, "trials": args.trials,
+                    "bandwidth": memory_bound.stream_bandwidth(), "rows": []}
+    if args.append and args.json.is_file():
+        report["rows"] = [r for r in json.loads(args.json.read_text())["rows"] if r["row"] not in {row_label(x) for x in args.rows}]
     print(json.dumps(report["bandwidth"]), flush=True)
     for row in args.rows:
         label, path, what = row_file(row)
         per_token = memory_bound.bytes_per_token(path)
         entry = {"row": label, "what": what, "file": str(path), "file_gib": path.stat().st_size / 2**30,
-                 "bytes_per_token": per_token, "systems": []}
+                 "bytes_per_token": per_token, "date": date, "commit": commit, "bandwidth": report["bandwidth"],
+                 "systems": []}
         for system in args.systems:
             try:
                 result = measure(system, path, args.trials)
