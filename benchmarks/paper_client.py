@@ -34,7 +34,7 @@ from benchmarks.paper_workloads import PaperRequest
 SELECT_ROUTES = {
     "radixserve": "/generate prompt logprobs from the choice (one batch call, prefix cached)",
     "vllm": "one-token choices: 1 token with allowed_token_ids; longer: prompt_logprobs per choice (cache not read)",
-    "llama.cpp": "one-token choices: 1 token with logit_bias +100; longer: echo+logprobs per choice",
+    "llama.cpp": "one-token choices: 1 token with logit_bias +100; longer: echo+logprobs per choice (not run: see below)",
 }
 
 

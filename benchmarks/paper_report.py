@@ -45,6 +45,9 @@ def markdown(report: dict[str, Any]) -> str:
     if agreement:
         lines += ["", "Same choice as radixserve (weights differ: ours and llama.cpp serve the GGUF's Q4_K_M codes, "
                   "vLLM the bf16 dequantized copy): " + "; ".join(agreement) + "."]
+    for system in report["systems"]:
+        for workload, why in (system.get("skipped") or {}).items():
+            lines.append(f"\n{system['name']} {workload}: not measured: {why}.")
     failed = [s for s in report["systems"] if "error" in s]
     lines += [f"\n{s['name']}: not measured ({s['error']})" for s in failed]
     return "\n".join(lines)
