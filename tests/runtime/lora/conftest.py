@@ -22,17 +22,18 @@ class LoraSetup:
     want: dict[str | None, list[list[int]]]  # adapter name (None: base) -> greedy outputs of `prompts`
 
 
-def make_setup(family: str, root: Path, reference: bool = True) -> LoraSetup:
+def make_setup(family: str, root: Path, reference: bool = True, names: tuple[str, ...] = ("a", "b", "c"),
+               prompt_count: int = 4) -> LoraSetup:
     """Without `reference`, no transformers + peft outputs (`want` is empty): for tests that compare
-    the engine with itself."""
+    the engine with itself. `names`: which of the three adapters; `prompt_count`: how many prompts."""
     base = save_tiny_model(family, root / "base")
-    adapters = {
-        "a": save_tiny_adapter(base, root / "a", seed=1),  # every projection, rank 4
-        "b": save_tiny_adapter(base, root / "b", seed=2, targets=["q_proj", "v_proj", "down_proj"], r=8, alpha=16,
-                               rslora=True),  # some shards of the fused modules only, rsLoRA scale
-        "c": save_tiny_adapter(base, root / "c", seed=3, targets=["k_proj", "o_proj", "gate_proj", "up_proj"], r=2),
+    kinds = {
+        "a": dict(seed=1),  # every projection, rank 4
+        "b": dict(seed=2, targets=["q_proj", "v_proj", "down_proj"], r=8, alpha=16, rslora=True),  # some shards, rsLoRA
+        "c": dict(seed=3, targets=["k_proj", "o_proj", "gate_proj", "up_proj"], r=2),
     }
-    prompts = shared_prefix_prompts()[:4]
+    adapters = {name: save_tiny_adapter(base, root / name, **kinds[name]) for name in names}
+    prompts = shared_prefix_prompts()[:prompt_count]
     if not reference:
         return LoraSetup(base, adapters, prompts, {})
     want = {name: peft_greedy(base, path, prompts, STEPS) for name, path in adapters.items()}

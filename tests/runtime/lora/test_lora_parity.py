@@ -62,12 +62,12 @@ def test_other_families_mixed(family: str, tmp_path_factory: pytest.TempPathFact
     from tests.tiny_models import save_tiny_model
 
     if family != "phi3":
-        s = make_setup(family, tmp_path_factory.mktemp(f"lora-{family}"))
+        s = make_setup(family, tmp_path_factory.mktemp(f"lora-{family}"), names=("a", "b"), prompt_count=2)
     else:
         root = tmp_path_factory.mktemp("lora-phi3")
         base = save_tiny_model("phi3", root / "base")
         a = save_tiny_adapter(base, root / "a", seed=1, targets=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])
-        prompts = llama_prompts()
+        prompts = llama_prompts()[:2]
         s = LoraSetup(base, {"a": a}, prompts, {"a": peft_greedy(base, a, prompts, GREEDY["max_new_tokens"]),
                                                 None: peft_greedy(base, None, prompts, GREEDY["max_new_tokens"])})
     names = [None, *s.adapters]

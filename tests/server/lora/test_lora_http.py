@@ -120,3 +120,18 @@ def test_load_and_unload_vllm_shape(server: RunningServer, client: openai.OpenAI
 def test_routes_without_lora_refuse_adapter_names(server: RunningServer, client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="LoRA adapter"):
         client.embeddings.create(model="a", input="hello")
+
+
+def test_cli_flags() -> None:
+    from runtime import EngineArgs
+    from server.cli import parse
+
+    args, _ = parse(["--lora-paths", "a=/x", "/y", "--max-loras-per-batch", "2", "--max-loaded-loras", "4"])
+    assert args.lora_paths == ["a=/x", "/y"] and args.lora_on and args.max_loras_per_batch == 2
+    assert args.lora_adapters() == {"a": "/x", "/y": "/y"}
+    assert parse(["--enable-lora"])[0].lora_on and not parse([])[0].lora_on
+    for bad, match in ((dict(lora_paths=["=x"]), "name=path"), (dict(lora_paths=["a=x", "a=y"]), "twice"),
+                       (dict(lora_paths=["a=x", "b=y"], max_loaded_loras=1), "max_loaded_loras"),
+                       (dict(max_loras_per_batch=0), "max_loras_per_batch")):
+        with pytest.raises(ValueError, match=match):
+            EngineArgs(**bad).validate()
