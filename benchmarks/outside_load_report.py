@@ -11,7 +11,8 @@ def _f(value: float | None, spec: str) -> str:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    lines = [f"CPU: {report['cpu']}; {report['date']}; one run (`{report['command'].strip()}`), {report['aiperf']}. "
+    lines = [f"CPU: {report['cpu']}; {report['date']}; radixserve at {report.get('revision', 'unknown')}; one run "
+             f"(`{report['command'].strip()}`), AIPerf {report['aiperf']}. "
              "AIPerf's shared-prefix profile (4 prefixes of ~384 tokens + ~64 tokens each, 64 output tokens, "
              "streamed /v1/completions), then our client (benchmarks/serving.py) replaying AIPerf's exact prompts "
              "at the same concurrency. Each server alone but for the load tool, on the same machine.", "",
@@ -54,6 +55,7 @@ def plot(report: dict[str, Any], out: Path) -> Path:
     ax.text(0.01, 0.01, report["cpu"], transform=ax.transAxes, fontsize=7, color="gray")
     ax.legend(fontsize=7)
     fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out

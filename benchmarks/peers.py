@@ -130,6 +130,8 @@ def markdown(report: dict) -> str:
     lines = [head, "",
              "| figure | " + " | ".join(r["name"] for r in rows) + " |", "|---|" + "---:|" * len(rows)]
     for key, label, spec in FIGURES:
+        if not any(key in r for r in rows):  # a figure this run did not measure
+            continue
         lines.append(f"| {label} | " + " | ".join(f"{r[key]:{spec}}" if key in r else "-" for r in rows) + " |")
     lines.append("| startup, s | " + " | ".join(f"{r['startup_s']:.0f}" for r in rows) + " |")
     failed = [r for r in report["systems"] if "error" in r]
