@@ -386,7 +386,11 @@ class Engine:
         return bool(result and result[0])
 
     def stats(self) -> dict[str, float]:
-        return self.loop.stats()
+        stats = self.loop.stats()
+        if self.lora is not None:  # LoRA adapters (runtime/lora/registry.py)
+            stats.update(lora_adapters=len(self.lora.names()), lora_adapters_held=self.lora.held_count(),
+                         lora_reads_total=self.lora.loads, lora_dropped_total=self.lora.evictions)
+        return stats
 
     @property
     def healthy(self) -> bool:

@@ -65,6 +65,9 @@ def test_least_recently_used_idle_adapter_makes_room(llama_lora: LoraSetup, tmp_
         assert engine.lora.held_count() == 1 and set(engine.lora.names()) == {"a", "b"}
         outs = engine.generate(input_ids=s.prompts, sampling_params=GREEDY, lora="a")  # read back
         assert [o.token_ids for o in outs] == s.want["a"] and engine.lora.loads == 3
+        stats = engine.stats()
+        assert (stats["lora_adapters"], stats["lora_adapters_held"], stats["lora_reads_total"],
+                stats["lora_dropped_total"]) == (2, 1, 3, 2)
         # b was dropped for a; a's files change on disk: asking for b is fine, a is refused, not served stale
         (a / "adapter_model.safetensors").write_bytes((s.adapters["c"] / "adapter_model.safetensors").read_bytes())
         assert engine.generate(input_ids=s.prompts[0], sampling_params=GREEDY, lora="b")[0].token_ids == s.want["b"][0]
