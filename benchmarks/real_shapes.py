@@ -145,12 +145,17 @@ def measure(system: str, path: Path, trials: int) -> dict:
         stop(proc, timeout=60)
 
 
+def _short(commit: str) -> str:
+    head, _, rest = commit.partition(" + uncommitted ")
+    return f"{head} + {len(rest.split(', '))} uncommitted runtime files" if rest else head
+
+
 def markdown(report: dict) -> str:
     bw = report["bandwidth"]
     lines = [f"CPU: {report['cpu']}; median of {report['trials']} trials; each server alone but for this client; "
              f"KV budget {KV_TOKENS} tokens each. Bandwidth measured with each row (the last: copy "
              f"{bw['copy_gb_s']:.1f} GB/s, read + written; read {bw['read_gb_s']:.1f} GB/s). Rows measured "
-             + "; ".join(f"{r['row']} {r['date']} at {r['commit']}" for r in report["rows"]) + ".", "",
+             + "; ".join(f"{r['row']} {r['date']} at {_short(r['commit'])}" for r in report["rows"]) + ".", "",
              "| model (file) | system | prompt tok/s | one stream tok/s | 16 streams tok/s | peak RSS GiB | "
              "start-up s | one stream, of copy bandwidth |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for row in report["rows"]:
@@ -165,6 +170,26 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def compact(report: dict) -> str:
+    """The README's table: each row's figures as radixserve / llama.cpp."""
+    lines = [f"CPU: {report['cpu']}; median of {report['trials']} trials; rows measured "
+             + "; ".join(f"{r['row']} {r['date']}" for r in report["rows"]) + "; radixserve / llama.cpp on the same file",
+             "", "| file | prompt tok/s | one stream tok/s | 16 streams tok/s | peak RSS GiB | start-up s |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for row in report["rows"]:
+        by = {r["system"]: r for r in row["systems"] if "error" not in r}
+        if set(by) != set(SYSTEMS):
+            continue
+
+        def pair(key: str, spec: str, scale: float = 1.0) -> str:
+            return " / ".join(f"{by[s][key] / scale:{spec}}" for s in SYSTEMS)
+
+        lines.append(f"| {row['what']} | {pair('prompt_tok_s', ',.0f')} | {pair('one_stream_tok_s', '.1f')} | "
+                     f"{pair('streams16_tok_s', '.1f')} | {pair('peak_rss_bytes', '.2f', 2**30)} | "
+                     f"{pair('startup_s', '.1f')} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", nargs="+", default=["llama-3.2-1b", CODER_ROW, "qwen2.5-7b", "qwen3-30b-a3b:12"])
@@ -174,8 +199,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--prepare-only", action="store_true", help="write and convert the files; measure nothing")
     parser.add_argument("--append", action="store_true", help="keep the JSON's rows that this run does not measure")
     args = parser.parse_args(argv)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=str(Path(__file__).resolve().parents[1])).stdout.strip()
+    root = str(Path(__file__).resolve().parents[1])
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=root).stdout.strip()
+    # The checkout is shared: uncommitted changes to the runtime are part of what was measured.
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "runtime", "kernels", "server"], capture_output=True,
+                           text=True, cwd=root).stdout.split("\n")
+    if any(line.strip() for line in dirty):
+        commit += " + uncommitted " + ", ".join(line[3:] for line in dirty if line.strip())
     if args.prepare_only:
         for row in args.rows:
             _, path, _ = row_file(row)
@@ -208,6 +238,10 @@ def main(argv: list[str] | None = None) -> dict:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2))
     args.json.with_suffix(".md").write_text(report["markdown"] + "\n")
+    from benchmarks.results_page import DOCS, README, write_section
+
+    write_section(README, "bench-shapes", compact(report))  # between markers, where the pages have them
+    write_section(DOCS, "bench-shapes", report["markdown"])
     return report
 
 
