@@ -182,7 +182,7 @@ def json_decode(size: int, seed: int = 6) -> Workload:
     requests = [PaperRequest(f"{head}Article: {pt.city_document(rng, pt.city_record(rng))}\nJSON:", 128,
                              schema=JSON_SCHEMA) for _ in range(4 * size)]
     return Workload("json", [lambda _: requests], f"{len(requests)} articles -> one schema'd record each",
-                    {"shared_prefix": False})
+                    {"shared_prefix": True})  # the instruction and the two worked examples
 
 
 def rag(size: int, seed: int = 7) -> Workload:
