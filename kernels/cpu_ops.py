@@ -1,6 +1,7 @@
 """Builds and loads the fused CPU kernels of kernels/csrc/ (cpu_ops.cpp: norms, rotary, decode
 attention; group_gemv.cpp: few-row products with a GGUF's 8-bit group weights; int4_gemv.cpp:
-one-row products with 4-bit group weights), once per machine.
+few-row products with 4-bit group weights; group_dequant.cpp: rows of either dequantized for wide
+products), once per machine.
 
 The files are compiled into one library with the machine's own compiler for its own cores
 (`-march=native`) by torch's C++ extension builder, into `~/.cache/radixserve/cpu-ops/<key>`
@@ -27,7 +28,8 @@ from pathlib import Path
 import torch
 
 logger = logging.getLogger(__name__)
-SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("cpu_ops.cpp", "group_gemv.cpp", "int4_gemv.cpp"))
+SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("cpu_ops.cpp", "group_gemv.cpp", "int4_gemv.cpp",
+                                                                         "group_dequant.cpp"))
 HEADERS = (Path(__file__).with_name("csrc") / "row_count.h",)  # included by the sources: part of the key
 NAME = "radixserve_cpu"
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the activation dtypes the kernels are built for

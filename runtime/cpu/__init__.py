@@ -5,8 +5,9 @@
 - thread_budget.py: that pool's thread count, from the cores the process may use, lowered between
   steps while other processes hold some of them;
 - kernel_linear.py: the shared base of the CPU linear layers, and oneDNN weight packing;
-- packed_linear.py, dual_linear.py, int8_linear.py, int4_linear.py, gguf_linear.py: the layer
-  kinds built on it;
+- packed_linear.py, dual_linear.py, int8_linear.py, int4_linear.py: the layer kinds built on it;
+- block_weights.py, block_linear.py: a GGUF's quantized weights served from their codes, with no
+  copy in the activations' dtype (`--quantization gguf`);
 - output_layer.py: the output layer that times its ways per batch size;
 - prepare.py: `resolve_quantization` (what --quantization, set or not, means here) and
   `prepare(model, precision, quantization)`, the calls the model runner makes.

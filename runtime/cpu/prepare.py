@@ -5,8 +5,8 @@ and is otherwise the same on every device. What it does depends on the precision
 resolved to (runtime/cpu/precision.py) and on `--quantization`:
 - int8 / int4: weight-only int8 or int4 layers for few-row products, packed bf16 for more
   (int8_linear.py, int4_linear.py);
-- gguf: a GGUF checkpoint's own quantized weights for few-row products (gguf_linear.py), then
-  whichever of the ways below the precision takes for the rest;
+- gguf: nothing but the few layers a GGUF ships unquantized: the model was built over the
+  file's codes when it was loaded (block_linear.py, block_weights.py), output layer included;
 - fp32 with bf16 weight copies for few rows, on CPUs without bf16 units (dual_linear.py);
 - otherwise oneDNN-packed layers (packed_linear.py), where the copies fit in RAM.
 The output layer gets the matching ways over prepared weights and times them per batch size.
@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from kernels.cpu_ops import ops as cpu_ops
+from runtime.cpu.block_linear import output_ways
 from runtime.cpu.dual_linear import use_dual_linears
-from runtime.cpu.gguf_linear import fits_group_kernel, group_kernel_fast, group_output_kernel, serve_gguf_linears
 from runtime.cpu.int4_linear import fits_int4, int4_kernel, quantize_linears_int4
 from runtime.cpu.int8_linear import int8_kernel, quantize_linears
 from runtime.cpu.kernel_linear import Kernel, copies_fit, linear_kernel, packing_supported
@@ -31,7 +31,7 @@ from runtime.cpu.packed_linear import pack_linears
 from runtime.cpu.precision import Precision
 from runtime.exec.device import host_available_bytes
 from runtime.loading.gguf_groups import Int4Groups
-from runtime.loading.gguf_int8_groups import KEPT_GROUP_FILES, Int8Groups
+from runtime.loading.gguf_int8_groups import KEPT_GROUP_FILES
 
 logger = logging.getLogger(__name__)
 GGUF_DTYPES = (torch.bfloat16, torch.float32)  # activations the group kernel takes
@@ -81,26 +81,25 @@ def resolve_quantization(name: str | None, device: torch.device, dtype: torch.dt
     return name
 
 
+def group_kernel_fast() -> bool:
+    """Whether this machine runs the group kernel at memory speed (its AVX-512 or AVX2 loop)."""
+    built = cpu_ops()
+    return built is not None and bool(built.group_gemv_fast())
+
+
 def prepare(model: nn.Module, precision: Precision, quantization: str | None,
-            int4_groups: dict[str, Int4Groups] | None = None, int8_groups: dict[str, Int8Groups] | None = None,
-            output_name: str = "lm_head.weight") -> TimedOutputLayer:
+            int4_groups: dict[str, Int4Groups] | None = None) -> TimedOutputLayer:
     """Swap the model's linear layers for the CPU's fastest kinds; returns its output layer.
-    `int4_groups`, `int8_groups`: the checkpoint's own quantized weights (runtime/loading/gguf_groups.py,
-    runtime/loading/gguf_int8_groups.py), served as shipped under int4 (the 4-bit ones) and gguf (both);
-    `output_name`: the checkpoint's name for the output layer's weight."""
+    `int4_groups`: a GGUF's own 4-bit codes (runtime/loading/gguf_groups.py), which `int4` serves as
+    shipped. Under gguf the model was built over the file's codes at load (runtime/cpu/block_linear.py)
+    and only the layers the file ships unquantized are left here."""
     weight, dtype = model.output_weight, precision.dtype
     ways: dict[str, Kernel] = {}
     packed = packing_supported(dtype) and copies_fit(model, host_available_bytes())
-    if quantization == "gguf":
-        # The checkpoint's quantized weights as shipped for few rows (its 4-bit ones only with bf16
-        # activations, torch's int4 kernel's); the layers it does not ship quantized, and every
-        # product of more rows, as the precision serves them below.
-        four, eight = serve_gguf_linears(model, packed, int4_groups if dtype == torch.bfloat16 else {},
-                                         int8_groups or {})
-        logger.info("gguf: %d linear layers from the checkpoint's 4-bit codes, %d from its 5-8-bit codes", four, eight)
-        output_groups = (int8_groups or {}).get(output_name)
-        if output_groups is not None and output_groups.shape == tuple(weight.shape) and fits_group_kernel(output_groups):
-            ways["gguf int8"] = group_output_kernel(output_groups)
+    if not isinstance(weight, torch.Tensor):  # the output layer too is served from the file's codes
+        if packed:
+            pack_linears(model, dtype)
+        return TimedOutputLayer(output_ways(weight), over_weight=False, dtype=dtype)
     if quantization == "int8":  # opt-in: int8 weights for few rows, packed bf16 for more
         quantize_linears(model, packed)
         ways["int8"] = int8_kernel(weight, None)

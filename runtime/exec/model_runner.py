@@ -24,9 +24,9 @@ from runtime.layers.output_layer import OutputLayer
 from runtime.lora.adapter import Target
 from runtime.lora.apply import LoraBatch, find_targets, wrap_targets
 from runtime.loading.gguf_groups import read_int4_groups
-from runtime.loading.gguf_int8_groups import read_int8_groups
 from runtime.models import model_class, unreadable_config
-from runtime.models.weights import dummy_init, iterate_weights
+from runtime.loading.kept_groups import KeptGroups
+from runtime.models.weights import dummy_init, iterate_weights, tensor_reader
 from runtime.step.contract import BatchEntry
 from runtime.step.forward_batch import ForwardBatch, HostBatch
 
@@ -44,11 +44,19 @@ def load_config(folder: Path) -> object:
 
 
 def load_model(folder: Path, config: object, dtype: torch.dtype, device: torch.device,
-               load_format: str = "auto") -> nn.Module:
-    """Our model class for `config`, with weights from `folder` (or random ones: load_format="dummy")."""
+               load_format: str = "auto", blocks: bool = False) -> nn.Module:
+    """Our model class for `config`, with weights from `folder` (or random ones: load_format="dummy").
+    `blocks`: the weights a GGUF ships quantized are served from their codes (runtime/cpu/
+    block_linear.py), never held in `dtype`: the model takes about the file's size."""
     cls = model_class(config)
     with torch.device("meta"):
         model = cls(config)
+    served: frozenset[str] = frozenset()
+    if blocks:
+        from runtime.cpu.block_linear import swap_in_blocks
+
+        output_name = "model.embed_tokens.weight" if getattr(model, "lm_head", None) is None else "lm_head.weight"
+        served = frozenset(swap_in_blocks(model, KeptGroups(folder), tensor_reader(folder), dtype, output_name))
     model.to_empty(device=device)
     model.to(dtype)
     if load_format == "dummy":
@@ -56,7 +64,7 @@ def load_model(folder: Path, config: object, dtype: torch.dtype, device: torch.d
                        folder)
         dummy_init(model)
     else:
-        model.load_weights(iterate_weights(folder))
+        model.load_weights(iterate_weights(folder, exclude=served))
     model.eval().requires_grad_(False)
     return model
 
@@ -98,25 +106,25 @@ class ModelRunner:
         # what --quantization means here (unset: a GGUF's own quantized weights where the CPU can serve them)
         self.quantization = cpu.resolve_quantization(cfg.quantization, self.device, self.dtype, cfg.model_path,
                                                      cfg.load_format)
-        self.model = load_model(cfg.model_path, self.config, self.dtype, self.device, cfg.load_format)
+        # gguf: the file's quantized weights served from their codes, with no copy in --dtype
+        self.model = load_model(cfg.model_path, self.config, self.dtype, self.device, cfg.load_format,
+                                blocks=self.quantization == "gguf")
         # What adapters may adapt, noted while every projection is still a plain Linear; wrapped below,
         # around whatever kind of layer the CPU puts there.
         self.lora_targets: dict[str, Target] | None = find_targets(self.model) if cfg.enable_lora else None
         # The CPU's own linear layers and output layer (runtime/cpu/); elsewhere plain ones.
         if self.device.type == "cpu":
-            # a GGUF's own quantized weights, served as shipped (never over dummy weights)
+            # int4 over a GGUF's own 4-bit codes where it has them (never over dummy weights)
             real = cfg.load_format != "dummy"
-            int4 = read_int4_groups(cfg.model_path) if real and self.quantization in ("int4", "gguf") else None
-            int8 = read_int8_groups(cfg.model_path) if real and self.quantization == "gguf" else None
-            output_name = "model.embed_tokens.weight" if getattr(self.model, "lm_head", None) is None else "lm_head.weight"
-            self.output_layer: OutputLayer = cpu.prepare(self.model, self.precision, self.quantization, int4, int8,
-                                                         output_name)
+            int4 = read_int4_groups(cfg.model_path) if real and self.quantization == "int4" else None
+            self.output_layer: OutputLayer = cpu.prepare(self.model, self.precision, self.quantization, int4)
             cpu_ops()  # the fused kernels loaded (or built) now, not inside the first request's step
         else:
             self.output_layer = OutputLayer()
         if self.lora_targets is not None:
             wrap_targets(self.model, self.lora_targets)
-        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters()) + sum(
+            m.nbytes() for m in self.model.modules() if hasattr(m, "nbytes") and isinstance(m, nn.Module))
         self.vocab_size: int = self.config.vocab_size
         c = self.config
         shape = KVShape.of(c, self.dtype, self.device)

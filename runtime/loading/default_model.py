@@ -58,7 +58,8 @@ def _say(message: str) -> None:
 
 
 def write_manifest(folder: Path, extra_files: tuple[str, ...] = ()) -> None:
-    sizes = {name: (folder / name).stat().st_size for name in (*REQUIRED_FILES, *extra_files)}
+    kept = tuple(name for name in KEPT_GROUP_FILES if (folder / name).is_file())  # weights, served from their codes
+    sizes = {name: (folder / name).stat().st_size for name in (*REQUIRED_FILES, *extra_files, *kept)}
     (folder / MANIFEST).write_text(json.dumps({"files": sizes}, indent=2))
 
 
@@ -72,7 +73,7 @@ def verify_model_dir(folder: Path, extra_files: tuple[str, ...] = ()) -> None:
         sizes: dict[str, int] = json.loads(manifest_path.read_text())["files"]
     except (ValueError, KeyError) as exc:
         raise DefaultModelError(f"{manifest_path} is corrupt ({exc}); {fix}") from exc
-    for name in (*REQUIRED_FILES, *extra_files):
+    for name in dict.fromkeys((*REQUIRED_FILES, *extra_files, *sizes)):
         path = folder / name
         if not path.is_file():
             raise DefaultModelError(f"{path} is missing; {fix}")
@@ -94,11 +95,12 @@ def verify_model_dir(folder: Path, extra_files: tuple[str, ...] = ()) -> None:
 
 
 def build_model_dir(gguf_path: Path, folder: Path, progress: bool = True,
-                    model: BuiltinModel = GEMMA_3_270M) -> Path:
+                    model: BuiltinModel = GEMMA_3_270M, full: bool = True) -> Path:
     """Convert `gguf_path` into `folder` atomically: a half-written folder is never left behind.
 
     `model` gives the converter options (chat template, generation config); the GGUF's header
-    decides the architecture.
+    decides the architecture. `full`: a complete Hugging Face checkpoint beside the kept codes
+    (runtime/loading/gguf_convert.py convert_gguf).
     """
     from runtime.loading.gguf_convert import convert_gguf
 
@@ -107,7 +109,7 @@ def build_model_dir(gguf_path: Path, folder: Path, progress: bool = True,
     try:
         convert_gguf(gguf_path, staging, chat_template=model.chat_template,
                      generation_config=model.generation_config, progress=progress, log=_say,
-                     chat_template_edits=model.chat_template_edits)
+                     chat_template_edits=model.chat_template_edits, full=full)
         write_manifest(staging, model.extra_files)
         if folder.exists():
             shutil.rmtree(folder)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from runtime.loading.gguf_groups import INT4_GROUPS_FILE, write_int4_groups
 from runtime.loading.gguf_int8_groups import INT8_GROUPS_FILE, KEPT_GROUP_FILES, write_int8_groups
+from runtime.loading.kept_groups import KeptGroups
 
 logger = logging.getLogger(__name__)
 
@@ -353,20 +354,23 @@ def hf_config(reader: GGUFReader) -> dict[str, object]:
 
 
 def dequantized_state_dict(
-    reader: GGUFReader, dtype: torch.dtype = torch.float32, progress: bool = True
+    reader: GGUFReader, dtype: torch.dtype = torch.float32, progress: bool = True, skip: Set[str] = frozenset()
 ) -> dict[str, torch.Tensor]:
-    """Dequantize every tensor of the GGUF into a Hugging Face-named state dict."""
+    """Dequantize every tensor of the GGUF (but those whose Hugging Face names are in `skip`) into a
+    Hugging Face-named state dict."""
     arch = gguf_architecture(reader)
     norm_offset, transform = GGUF_ARCHITECTURES[arch].norm_offset, GGUF_ARCHITECTURES[arch].transform
     state: dict[str, torch.Tensor] = {}
     for tensor in tqdm(reader.tensors, desc="dequantizing", unit="tensor", disable=not progress):
         if tensor.name in CONFIG_TENSORS:
             continue
+        name = hf_tensor_name(tensor.name, arch)
+        if name in skip:
+            continue
         # GGUF records shapes fastest-dimension first; numpy wants them reversed.
         shape = tuple(int(d) for d in reversed(tensor.shape))
         array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
         weight = torch.from_numpy(array)
-        name = hf_tensor_name(tensor.name, arch)
         if norm_offset and name.endswith(_NORM_SUFFIX):
             weight = weight + norm_offset
         if transform is not None:
@@ -405,11 +409,16 @@ def convert_gguf(
     progress: bool = True,
     log: Callable[[str], None] = logger.info,
     chat_template_edits: Sequence[tuple[str, str]] = (),
+    full: bool = True,
 ) -> Path:
     """Write config.json, model.safetensors and tokenizer files for `gguf_path` into `out_dir`.
 
     `chat_template` replaces the GGUF's own template (None keeps the GGUF's, if it has one);
     `chat_template_edits` are (old, new) replacements made in it, each of which must match.
+    `full`: model.safetensors holds every weight dequantized, a Hugging Face checkpoint that
+    transformers and vLLM load (the built-in models, which the benchmarks serve with them too);
+    else it holds only what the file does not ship quantized, and the kept codes are the rest (a
+    user's GGUF: no copy several times the file's size, no minutes of dequantizing).
     """
     from transformers import AutoTokenizer
 
@@ -417,12 +426,15 @@ def convert_gguf(
     reader = GGUFReader(str(gguf_path))
     config = hf_config(reader)
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
-    log(f"dequantizing {gguf_path.name} ({config['architectures'][0]}) into {out_dir}")
-    state = dequantized_state_dict(reader, dtype=dtype, progress=progress)
-    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    del state
     for file_name in KEPT_GROUP_FILES:
         log(f"kept {keep_groups(reader, out_dir, file_name)} quantized tensors as shipped ({file_name})")
+    # Those are served from their codes (runtime/cpu/block_linear.py), or dequantized when loaded
+    # (runtime/models/weights.py iterate_weights) where model.safetensors lacks them (not `full`).
+    kept = set() if full else set(KeptGroups(out_dir))
+    log(f"dequantizing {'' if full else 'the rest of '}{gguf_path.name} ({config['architectures'][0]}) into {out_dir}")
+    state = dequantized_state_dict(reader, dtype=dtype, progress=progress, skip=kept)
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    del state
     log(f"building the tokenizer from the GGUF vocabulary ({config['vocab_size']:,} tokens; "
         "about 30-60 s for a large vocabulary)")
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)

@@ -4,7 +4,7 @@ llama.cpp's Q8_0, Q5_0 and Q6_K store each run of 32 (Q6_K: 16) weights as signe
 one scale: w = scale * q (Q5_0's codes are its 5-bit values less 16, Q6_K's its 6-bit values less
 32, its scale the super-block's d times the run's own 8-bit scale). Every such code fits a byte,
 so these tensors can be served *as shipped* by the group kernel (kernels/csrc/group_gemv.cpp,
-runtime/cpu/gguf_linear.py), reading one byte a weight, with no rounding to bf16 (Q8_0 codes are
+runtime/cpu/block_weights.py), reading one byte a weight, with no rounding to bf16 (Q8_0 codes are
 int8 by the format: -128..127). The converter writes them to `int8-groups.st` in the model
 folder under their Hugging Face names, beside the 4-bit ones of runtime/loading/gguf_groups.py: codes as
 int8, scales as float16 where the format's are (Q8_0, Q5_0) and float32 where they are products

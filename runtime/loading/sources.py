@@ -11,10 +11,11 @@ The forms, tried in this order:
 - a Hugging Face id `org/repo`, through `huggingface_hub` as vLLM's and SGLang's users expect:
   its cache first, downloaded where the network allows (`HF_HUB_OFFLINE=1`: the cache only); a
   repository of GGUF files needs `--gguf-file NAME`.
-A GGUF (from a path, Ollama or the hub) is converted once into `$RADIXSERVE_HOME/models/gguf/`,
-keyed by the file's path, size and modification time, with its tokenizer and chat template from
-the file's own metadata (runtime/loading/gguf_convert.py); a conversion that did not finish is
-redone, never served.
+A GGUF (from a path, Ollama or the hub) is read once into `$RADIXSERVE_HOME/models/gguf/`,
+keyed by the file's path, size and modification time: its config, its tokenizer and chat template
+from the file's own metadata, its quantized tensors as their codes and the few others (norms)
+dequantized (runtime/loading/gguf_convert.py, full=False): about the file's size, served from the
+codes (runtime/cpu/block_linear.py). A conversion that did not finish is redone, never served.
 """
 
 from __future__ import annotations
@@ -93,7 +94,9 @@ def gguf_model_dir(path: Path) -> Path:
             print(f"radixserve: {exc}; converting again", flush=True)
     _check_gguf(path)  # (a cached conversion was checked when it was made: same path, size and time)
     print(f"radixserve: first use of {path}: converting it into {folder}; this happens once", flush=True)
-    return build_model_dir(path, folder, model=USER_GGUF)
+    # The file's quantized tensors kept as their codes only: served from them (runtime/cpu/
+    # block_linear.py), never copied at several times the file's size.
+    return build_model_dir(path, folder, model=USER_GGUF, full=False)
 
 
 def _check_gguf(path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Set
 from pathlib import Path
 
 import torch
@@ -42,11 +42,39 @@ def checkpoint_files(folder: Path) -> list[Path]:
     return files
 
 
-def iterate_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iterate_weights(folder: Path, exclude: Set[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors but those named in `exclude`, each read when reached. A folder
+    converted from a GGUF keeps the tensors the file ships quantized only as their codes
+    (runtime/loading/kept_groups.py): those come dequantized to float32, after the rest."""
+    from runtime.loading.kept_groups import KeptGroups
+
+    seen: set[str] = set()
     for path in checkpoint_files(folder):
         with safe_open(str(path), framework="pt") as handle:
             for name in handle.keys():
-                yield name, handle.get_tensor(name)
+                seen.add(name)
+                if name not in exclude:
+                    yield name, handle.get_tensor(name)
+    kept = KeptGroups(folder)
+    for name in kept:
+        if name not in seen and name not in exclude:
+            yield name, kept.dequantized(name)
+
+
+def tensor_reader(folder: Path) -> Callable[[str], torch.Tensor]:
+    """name -> that tensor of the checkpoint, read when asked."""
+    where = {}
+    for path in checkpoint_files(folder):
+        with safe_open(str(path), framework="pt") as handle:
+            where.update(dict.fromkeys(handle.keys(), path))
+
+    def read(name: str) -> torch.Tensor:
+        if name not in where:
+            raise ValueError(f"checkpoint {folder} lacks the tensor {name!r}")
+        with safe_open(str(where[name]), framework="pt") as handle:
+            return handle.get_tensor(name)
+
+    return read
 
 
 def load_into(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]], skip: tuple[str, ...] = ()) -> None:

@@ -18,16 +18,16 @@ from gguf.quants import dequantize
 from kernels.cpu_ops import ops
 from runtime import Engine
 from runtime.cpu import Precision, prepare
+from runtime.cpu.block_linear import BlockEmbedding, BlockLinear
+from runtime.cpu.block_weights import Int4Blocks, Int8Blocks, TorchInt4Blocks
 from runtime.cpu.dual_linear import DualLinear
-from runtime.cpu.gguf_linear import GROUP_MAX_ROWS, GroupLinear
-from runtime.cpu.gguf_linear import group_kernel_fast as gguf_fast
-from runtime.cpu.int4_linear import Int4Linear
+from runtime.cpu.prepare import group_kernel_fast as gguf_fast
 from runtime.cpu.prepare import resolve_quantization
 from runtime.exec.model_runner import ModelRunner, RunnerConfig, load_config, load_model
 from runtime.loading.default_model import build_model_dir
 from runtime.loading.gguf_groups import read_int4_groups
 from runtime.loading.gguf_int8_groups import EIGHT_BIT, INT8_GROUPS_FILE, read_int8_groups, tensor_groups
-from runtime.models.weights import checkpoint_files
+from runtime.models.weights import checkpoint_files, iterate_weights
 from tests.tiny_gguf import write_tiny_gemma3_gguf
 
 prepare_module = importlib.import_module("runtime.cpu.prepare")  # the package re-exports its function `prepare`
@@ -64,7 +64,8 @@ def test_decoded_groups_are_exactly_the_dequantized_weights(kind: GGMLQuantizati
 def mixed_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     tmp = tmp_path_factory.mktemp("gguf-mixed")
     expected = write_tiny_gemma3_gguf(tmp / "tiny.gguf", mixed=True)
-    return build_model_dir(tmp / "tiny.gguf", tmp / "model", progress=False), expected
+    # as a user's GGUF is converted: the quantized tensors kept only as their codes
+    return build_model_dir(tmp / "tiny.gguf", tmp / "model", progress=False, full=False), expected
 
 
 def test_converter_keeps_the_8bit_tensors_beside_the_checkpoint(mixed_model: tuple[Path, dict]) -> None:
@@ -75,6 +76,15 @@ def test_converter_keeps_the_8bit_tensors_beside_the_checkpoint(mixed_model: tup
     for name, g in groups.items():
         assert np.array_equal(g.dequantize().numpy(), expected[name])
     assert [p.name for p in checkpoint_files(folder)] == ["model.safetensors"]  # not taken for a shard
+    # no second, dequantized copy of a kept tensor on disk; loaders that want one get it exact
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
+        assert not set(handle.keys()) & (set(groups) | set(read_int4_groups(folder)))
+    weights = dict(iterate_weights(folder))
+    assert set(weights) == set(expected)
+    for name, w in weights.items():
+        assert np.array_equal(w.numpy(), expected[name]), name
 
 
 @pytest.mark.parametrize(("fast", "dtype", "files", "load_format", "want"), [
@@ -110,25 +120,37 @@ def test_gguf_refusals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         Engine(model=str(tmp_path), quantization="q4_k_m")
 
 
+def _parts(runner: ModelRunner) -> dict[str, list[type]]:
+    return {name: [type(p) for p in m.parts] for name, m in runner.model.named_modules() if isinstance(m, BlockLinear)}
+
+
 @needs_kernels
 def test_gguf_serves_every_layer_from_its_shipped_codes(mixed_model: tuple[Path, dict]) -> None:
     folder, expected = mixed_model
     runner = ModelRunner(RunnerConfig(folder, dtype="bfloat16", num_slots=64, max_requests=2, max_context=32,
                                       quantization="gguf"))
     assert runner.quantization == "gguf"
-    kinds = {name: type(m) for name, m in runner.model.named_modules() if isinstance(m, (GroupLinear, Int4Linear))}
+    parts = _parts(runner)
     layers = [f"model.layers.{i}" for i in range(2)]
-    assert {n for n, t in kinds.items() if t is Int4Linear} == {f"{p}.{s}" for p in layers
-                                                                 for s in ("self_attn.o_proj", "mlp.down_proj")}
+    four = {Int4Blocks, TorchInt4Blocks}  # which one depends on the CPU (AVX-512) and the width
+    assert {n for n, kinds in parts.items() if set(kinds) <= four} == {f"{p}.{s}" for p in layers
+                                                                        for s in ("self_attn.o_proj", "mlp.down_proj")}
     # q, k (Q5_0) and v (Q8_0) fuse into one projection, as do gate and up: one group size each
-    assert {n for n, t in kinds.items() if t is GroupLinear} == {f"{p}.{s}" for p in layers
-                                                                  for s in ("self_attn.qkv_proj", "mlp.gate_up_proj")}
-    assert "gguf int8" in runner.output_layer.ways
+    assert {n for n, kinds in parts.items() if kinds == [Int8Blocks]} == {
+        f"{p}.{s}" for p in layers for s in ("self_attn.qkv_proj", "mlp.gate_up_proj")}
+    assert isinstance(runner.model.model.embed_tokens, BlockEmbedding)
+    assert set(runner.output_layer.ways) == {"gguf codes", "gguf dequantized slices"}
+    # nothing of the file's quantized weights is held in --dtype: only norms remain parameters
+    assert all(p.dim() == 1 for p in runner.model.parameters())
     layer = dict(runner.model.named_modules())["model.layers.0.mlp.gate_up_proj"]
     exact_w = torch.cat([torch.from_numpy(expected[f"model.layers.0.mlp.{p}_proj.weight"]) for p in ("gate", "up")])
-    x = torch.randn(GROUP_MAX_ROWS, layer.in_features).bfloat16()
-    exact = x.float() @ exact_w.t()
-    assert (layer(x).float() - exact).norm() < 0.01 * exact.norm()  # exact weights; bf16 rounding of the output
+    for rows in (3, 40):  # the codes' kernel, and dequantized slices with torch's GEMM
+        x = torch.randn(rows, layer.in_features).bfloat16()
+        exact = x.float() @ exact_w.t()
+        assert (layer(x).float() - exact).norm() < 0.01 * exact.norm()  # exact weights; bf16 rounding of the output
+    ids = torch.tensor([[2, 270, 5], [7, 8, 9]])
+    embed = torch.from_numpy(expected["model.embed_tokens.weight"])[ids].bfloat16()
+    assert torch.equal(runner.model.model.embed_tokens(ids), embed)
 
 
 @needs_kernels
@@ -152,16 +174,14 @@ def test_gguf_engine_generates_near_the_exact_weights(mixed_model: tuple[Path, d
 
 @needs_kernels
 def test_gguf_with_fp32_activations_is_the_fp32_model(mixed_model: tuple[Path, dict]) -> None:
-    """On CPUs without bf16 units `--dtype auto` is fp32: the int8 codes still serve few-row
-    products (exact weights, fp32 sums), the Q4_K-like layers keep fp32 layers (torch's int4
-    kernel takes bf16 only), and the logits are the fp32 model's up to the order of sums."""
+    """On CPUs without bf16 units `--dtype auto` is fp32: the codes still serve (the int8 ones with
+    exact weights and fp32 sums), and the logits are the fp32 model's up to the order of sums."""
     folder, _ = mixed_model
     runners = {q: ModelRunner(RunnerConfig(folder, dtype="float32", num_slots=64, max_requests=1, max_context=32,
                                            quantization=q)) for q in ("gguf", "none")}
     gguf = runners["gguf"]
     assert gguf.quantization == "gguf" and gguf.dtype == torch.float32
-    kinds = {type(m) for m in gguf.model.modules()}
-    assert GroupLinear in kinds and Int4Linear not in kinds
+    assert {n: k for n, k in _parts(gguf).items() if k == [Int8Blocks]}  # the int8 codes serve fp32 too
     hidden = torch.randn(1, 64)
     logits = {q: r.output_layer(hidden, r.model.output_weight) for q, r in runners.items()}
     assert torch.allclose(logits["gguf"], logits["none"], rtol=1e-4, atol=1e-4 * logits["none"].abs().max().item())
@@ -173,19 +193,18 @@ def test_gguf_with_fp32_activations_is_the_fp32_model(mixed_model: tuple[Path, d
 
 @needs_kernels
 def test_gguf_beside_the_dual_layers_of_a_cpu_without_bf16_units(mixed_model: tuple[Path, dict]) -> None:
-    """Where `auto` picks fp32 with bf16 copies for few rows (no bf16 units; forced here), the
-    shipped int8 codes take their layers and every other layer becomes a DualLinear as before."""
+    """Where `auto` picks fp32 with bf16 copies for few rows (no bf16 units; forced here), a model
+    built over the file's codes makes no such copies: the output layer reads the codes."""
     folder, expected = mixed_model
-    model = load_model(folder, load_config(folder), torch.float32, CPU)
-    output = prepare(model, Precision(torch.float32, lowp_rows=4, reason="forced"), "gguf",
-                     read_int4_groups(folder), read_int8_groups(folder), "model.embed_tokens.weight")
-    kinds = {name: type(m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    assert {n for n, t in kinds.items() if t is GroupLinear} == {f"model.layers.{i}.{s}" for i in range(2)
-                                                                  for s in ("self_attn.qkv_proj", "mlp.gate_up_proj")}
-    assert {n for n, t in kinds.items() if t is DualLinear} == {f"model.layers.{i}.{s}" for i in range(2)
-                                                                 for s in ("self_attn.o_proj", "mlp.down_proj")}
-    assert {"gguf int8", "bf16 copy"} <= set(output.ways)
+    model = load_model(folder, load_config(folder), torch.float32, CPU, blocks=True)
+    output = prepare(model, Precision(torch.float32, lowp_rows=4, reason="forced"), "gguf")
+    assert set(output.ways) == {"gguf codes", "gguf dequantized slices"}
+    assert not any(isinstance(m, DualLinear) for m in model.modules())
     layer = dict(model.named_modules())["model.layers.1.self_attn.qkv_proj"]
     exact_w = torch.cat([torch.from_numpy(expected[f"model.layers.1.self_attn.{p}_proj.weight"]) for p in "qkv"])
-    x = torch.randn(2, layer.in_features)
-    assert torch.allclose(layer(x), x @ exact_w.t(), rtol=1e-4, atol=1e-4)
+    for rows in (2, 33):
+        x = torch.randn(rows, layer.in_features)
+        assert torch.allclose(layer(x), x @ exact_w.t(), rtol=1e-4, atol=1e-4)
+    hidden = torch.randn(3, 64)
+    exact = hidden @ torch.from_numpy(expected["model.embed_tokens.weight"]).t()
+    assert torch.allclose(output(hidden, model.output_weight), exact, rtol=1e-4, atol=1e-4)

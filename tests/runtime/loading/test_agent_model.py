@@ -165,9 +165,9 @@ def _write_tiny_qwen2_gguf(path: Path) -> None:
     writer.close()
 
 
-def _our_logits(folder: Path, prompts: list[list[int]]) -> list[torch.Tensor]:
+def _our_logits(folder: Path, prompts: list[list[int]], quantization: str | None = None) -> list[torch.Tensor]:
     runner = ModelRunner(RunnerConfig(folder, dtype="float32", num_slots=1024, max_requests=len(prompts),
-                                      max_context=256))
+                                      max_context=256, quantization=quantization))
     out = []
     for i, ids in enumerate(prompts):
         row = runner.table.alloc_row()
@@ -247,11 +247,13 @@ def test_real_agent_model_logits_match_transformers_gguf_loading(tmp_path: Path)
     gguf_path = assemble_gguf(AGENT, tmp_path / "agent.gguf")
     tok = AutoTokenizer.from_pretrained(str(folder))
     prompts = [tok(p, add_special_tokens=False).input_ids for p in PARITY_PROMPTS]
-    ours = _our_logits(folder, prompts)
+    ours = _our_logits(folder, prompts, "none")  # the file's weights dequantized exactly
+    served = _our_logits(folder, prompts)  # from the file's codes (gguf): 4-bit scales held in float16
     ref_model = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=gguf_path.name,
                                                      dtype=torch.float32).eval()
-    for ids, got in zip(prompts, ours):
+    for ids, got, codes in zip(prompts, ours, served):
         with torch.no_grad():
             want = ref_model(torch.tensor([ids])).logits[0]
         assert (got - want).abs().max() < 1e-3  # measured: at most 5.8e-05 (logits up to 32)
         assert torch.equal(got.argmax(-1), want.argmax(-1))
+        assert (codes - want).abs().max() < 5e-2  # measured: at most 9.1e-03

@@ -1,0 +1,152 @@
+"""Linear layers, the token embedding and the output layer over a GGUF's weights as shipped
+(runtime/cpu/block_weights.py): the model is served with no full-precision copy of them, so it
+takes about the file's size in RAM (`--quantization gguf`, the default for a GGUF on a CPU whose
+kernels read its formats).
+
+- A product of at most WIDE_ROWS rows (decode steps) runs the kernels over the codes, FEW_ROWS
+  rows a pass: it only streams the weights, and the codes are the fewest bytes to stream.
+- A wider product (prefill) is compute-bound: the weight is dequantized a slice of rows at a time
+  (SLICE_ELEMENTS weights, a few MB that stay in cache) into the activations' dtype and multiplied
+  there by torch's GEMM. Dequantizing costs a few operations a weight; the GEMM costs two per
+  weight per row, so past a few dozen rows the slice's conversion is a small share.
+A fused projection (q/k/v, gate/up) whose parts ship in different formats (Q4_K_M keeps some
+v and down projections in Q6_K) holds one part per run of rows, concatenated in the output.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+
+from runtime.cpu.block_weights import FEW_ROWS, BlockWeight, DenseBlocks, block_weight
+from runtime.loading.gguf_groups import Int4Groups
+from runtime.loading.gguf_int8_groups import Int8Groups
+from runtime.models.weights import FUSED_FROM
+
+logger = logging.getLogger(__name__)
+WIDE_ROWS = 16  # past this many rows, dequantized slices and torch's GEMM
+SLICE_ELEMENTS = 1 << 22  # weights dequantized at a time for a wide product (8 MB in bf16)
+Groups = Int4Groups | Int8Groups
+
+
+def few_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
+    if x.shape[0] <= FEW_ROWS:
+        return weight.few(x)
+    return torch.cat([weight.few(part) for part in x.split(FEW_ROWS)])
+
+
+def wide_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
+    """x @ W.T a slice of W's rows at a time: [rows, N] in x's dtype."""
+    if getattr(weight, "wide_itself", False):
+        return weight.few(x)
+    n, k = weight.shape
+    step = max(1, SLICE_ELEMENTS // k)
+    multiple = getattr(weight, "row_multiple", 1)
+    step = max(multiple, step // multiple * multiple)
+    out_t = torch.empty(n, x.shape[0], dtype=x.dtype)  # row-major in W's rows: each slice writes a block
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        torch.mm(weight.dequantize(start, stop, x.dtype), x.t(), out=out_t[start:stop])
+    return out_t.t().contiguous()
+
+
+def block_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
+    return few_product(weight, x) if x.shape[0] <= WIDE_ROWS else wide_product(weight, x)
+
+
+class BlockLinear(nn.Module):
+    """An nn.Linear's product over shipped weights: one BlockWeight per run of output rows."""
+
+    def __init__(self, parts: list[BlockWeight], bias: nn.Parameter | None, shard_sizes: list[int] | None = None) -> None:
+        super().__init__()
+        self.parts = parts
+        self.in_features = parts[0].shape[1]
+        self.out_features = sum(p.shape[0] for p in parts)
+        self.bias = bias  # a parameter the loader fills (a fused projection's by shard_sizes)
+        self.shard_sizes = shard_sizes
+        self.weight: BlockWeight | None = parts[0] if len(parts) == 1 else None  # what an output layer reads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        outs = [block_product(p, x) for p in self.parts]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*shape[:-1], self.out_features)
+
+    def nbytes(self) -> int:
+        return sum(p.nbytes() for p in self.parts)
+
+
+class BlockEmbedding(nn.Module):
+    """The token embedding looked up in shipped weights (the rows a step needs, dequantized)."""
+
+    def __init__(self, weight: BlockWeight, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight, self.dtype = weight, dtype
+        self.num_embeddings, self.embedding_dim = weight.shape
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        return self.weight.rows(flat, self.dtype).reshape(*ids.shape, self.embedding_dim)
+
+    def nbytes(self) -> int:
+        return self.weight.nbytes()
+
+
+def output_ways(weight: BlockWeight) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """The output layer's candidate ways over shipped weights (runtime/cpu/output_layer.py times them)."""
+    return {"gguf codes": lambda hidden: few_product(weight, hidden),
+            "gguf dequantized slices": lambda hidden: wide_product(weight, hidden)}
+
+
+def _merge(parts: list[Groups | torch.Tensor]) -> list[Groups | torch.Tensor]:
+    """Runs of consecutive parts of one kind joined, so a fused projection makes as few calls as it can."""
+    merged: list[Groups | torch.Tensor] = []
+    for part in parts:
+        last = merged[-1] if merged else None
+        if isinstance(last, Int4Groups) and isinstance(part, Int4Groups):
+            merged[-1] = Int4Groups.concat([last, part])
+        elif isinstance(last, Int8Groups) and isinstance(part, Int8Groups) and last.group == part.group \
+                and last.scales.dtype == part.scales.dtype:
+            merged[-1] = Int8Groups.concat([last, part])  # type: ignore[assignment]
+        elif isinstance(last, torch.Tensor) and isinstance(part, torch.Tensor):
+            merged[-1] = torch.cat([last, part])
+        else:
+            merged.append(part)
+    return merged
+
+
+def swap_in_blocks(model: nn.Module, groups: Mapping[str, Groups], dense: Callable[[str], torch.Tensor],
+                   dtype: torch.dtype, output_name: str) -> set[str]:
+    """Put block layers in place of every nn.Linear (the output head included) and the token
+    embedding whose weights the checkpoint ships quantized (`groups`: Hugging Face weight name ->
+    its codes); the shards of a fused projection the file ships unquantized come from `dense(name)`.
+    Returns the checkpoint names now served, which the caller must not load into the model."""
+    covered: set[str] = set()
+    for parent_name, parent in list(model.named_modules()):
+        for attr, child in list(parent.named_children()):
+            prefix = f"{parent_name}.{attr}" if parent_name else attr
+            if type(child) is nn.Linear:
+                names = [f"{prefix.rsplit('.', 1)[0]}.{shard}.weight" if "." in prefix else f"{shard}.weight"
+                         for shard in FUSED_FROM.get(attr, [attr])]
+                if not any(name in groups for name in names):
+                    continue
+                parts = _merge([groups[name] if name in groups else dense(name) for name in names])
+                setattr(parent, attr, BlockLinear([block_weight(p, dtype) for p in parts], child.bias,
+                                                  getattr(child, "shard_sizes", None)))
+                covered.update(name for name in names)
+            elif type(child) is nn.Embedding and f"{prefix}.weight" in groups:
+                setattr(parent, attr, BlockEmbedding(block_weight(groups[f"{prefix}.weight"], dtype, need_rows=True), dtype))
+                covered.add(f"{prefix}.weight")
+    if output_name in groups:
+        covered.add(output_name)
+    served = [m for m in model.modules() if isinstance(m, (BlockLinear, BlockEmbedding))]
+    dense_parts = sum(isinstance(p, DenseBlocks) for m in served if isinstance(m, BlockLinear) for p in m.parts)
+    logger.info("gguf: %d layers served from the file's codes (%.2f GiB), %d parts of them dequantized",
+                len(served), sum(m.nbytes() for m in served) / 2**30, dense_parts)
+    return covered

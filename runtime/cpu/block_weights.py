@@ -1,0 +1,196 @@
+"""A GGUF's quantized weights held as shipped, with no full-precision copy (`--quantization gguf`).
+
+Each kind holds one [N, K] weight (or a run of a fused projection's rows) in the layout a CPU
+kernel reads, and answers three questions with no other copy of it:
+- `few(x)`: x @ W.T for up to FEW_ROWS rows (a decode step), the kernel reading the codes;
+- `dequantize(start, stop, dtype)`: rows [start, stop) of W in the activations' dtype, for the
+  wide products (prefill) that runtime/cpu/block_linear.py computes a slice at a time;
+- `rows(ids, dtype)`: rows of W by index (the token embedding, whose codes are the vocabulary).
+The kinds:
+- Int8Blocks: Q8_0, Q5_0 and Q6_K as int8 codes + per-group scales (runtime/loading/
+  gguf_int8_groups.py), read by kernels/csrc/group_gemv.cpp: a byte a weight;
+- Int4Blocks: Q4_K, Q4_0 and Q4_1 as 4-bit codes + scales and lows (float16 where exact, else
+  float32) in the layout of kernels/csrc/int4_gemv.cpp (AVX-512): half a byte a weight and a
+  sixteenth or an eighth more;
+- TorchInt4Blocks: the same codes in torch's int4 layout (`_weight_int4pack_mm_for_cpu`) where
+  the CPU lacks AVX-512; it serves wide products too, and cannot give rows back;
+- DenseBlocks: a tensor the file ships unquantized or in a format with no kernel here (F16,
+  BF16, Q5_K, ...), or whose rows the model reorders (Llama's q and k), in the activations' dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from kernels.cpu_ops import ops
+from runtime.cpu.int4_linear import ONE_ROW_BLOCK, pack_blocks
+from runtime.loading.gguf_groups import GROUP as INT4_GROUP
+from runtime.loading.gguf_groups import Int4Groups
+from runtime.loading.gguf_int8_groups import Int8Groups
+
+FEW_ROWS = 8  # the most rows one call of the group and int4 kernels takes
+
+
+class BlockWeight(Protocol):
+    shape: tuple[int, int]
+
+    def few(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def dequantize(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor: ...
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor: ...
+
+    def nbytes(self) -> int: ...
+
+
+class Int8Blocks:
+    """w[n, k] = scales[n, k // group] * codes[n, k]."""
+
+    wide_itself = False
+
+    def __init__(self, groups: Int8Groups) -> None:
+        self.codes, self.scales = groups.codes.contiguous(), groups.scales.contiguous()
+        self.shape, self.group = groups.shape, groups.group
+
+    def few(self, x: torch.Tensor) -> torch.Tensor:
+        return ops().group_gemv(x, self.codes, self.scales, self.group)  # type: ignore[union-attr]
+
+    def _weights(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        rows, k = codes.shape
+        w = codes.reshape(rows, k // self.group, self.group).float() * scales.float()[..., None]
+        return w.reshape(rows, k).to(dtype)
+
+    def dequantize(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        return ops().dequant_int8_groups(self.codes[start:stop], self.scales[start:stop], self.group, dtype)  # type: ignore[union-attr]
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return self._weights(self.codes.index_select(0, ids), self.scales.index_select(0, ids), dtype)
+
+    def nbytes(self) -> int:
+        return _nbytes(self.codes, self.scales)
+
+
+class Int4Blocks:
+    """w[n, k] = scales[n, g] * q[n, k] + lows[n, g], g = k // 32, in int4_gemv.cpp's layout: blocks
+    of 128 codes as 32 16-bit words (word j: codes j, 32 + j, 64 + j, 96 + j), rows in quads."""
+
+    wide_itself = False
+    row_multiple = 4  # dequantize() takes whole quads
+
+    def __init__(self, groups: Int4Groups) -> None:
+        n, k = groups.shape
+        self.shape = (n, k)
+        self.packed = pack_blocks(groups.q)
+        # float16 where that is exact (Q4_0, Q4_1: the block's own f16 numbers), else float32
+        # (Q4_K's are d times a 6-bit scale, up to 17 bits: float16 moved the default model's
+        # logits by up to 0.14)
+        half_s, half_l = groups.scales.to(torch.float16), groups.lows.to(torch.float16)
+        exact = torch.equal(half_s.float(), groups.scales) and torch.equal(half_l.float(), groups.lows)
+        self.scales, self.lows = (half_s, half_l) if exact else (groups.scales.float(), groups.lows.float())
+
+    @staticmethod
+    def fits(shape: tuple[int, int]) -> bool:
+        built = ops()
+        return built is not None and bool(built.int4_gemv_fast()) and shape[1] % ONE_ROW_BLOCK == 0 and shape[0] % 4 == 0
+
+    def few(self, x: torch.Tensor) -> torch.Tensor:
+        return ops().int4_gemv(x, self.packed, self.scales, self.lows)  # type: ignore[union-attr]
+
+    def _codes(self, words: torch.Tensor) -> torch.Tensor:
+        """[rows, K / 128, 32] int16 words -> [rows, K] codes (0..15), in k order."""
+        nibbles = torch.stack([(words >> (4 * t)) & 15 for t in range(4)], dim=2)  # [rows, K/128, 4, 32]
+        return nibbles.reshape(words.shape[0], self.shape[1])
+
+    def _weights(self, q: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        rows, k = q.shape
+        w = q.reshape(rows, k // INT4_GROUP, INT4_GROUP).float() * scales.float()[..., None] + lows.float()[..., None]
+        return w.reshape(rows, k).to(dtype)
+
+    def _quads(self) -> torch.Tensor:
+        n, k = self.shape
+        return self.packed.view(torch.int16).view(n // 4, k // ONE_ROW_BLOCK, 4, 32)
+
+    def dequantize(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        assert start % 4 == 0 and stop % 4 == 0, "Int4Blocks dequantizes whole quads of rows"
+        return ops().dequant_int4_blocks(self.packed[start:stop], self.scales[start:stop],  # type: ignore[union-attr]
+                                         self.lows[start:stop], dtype)
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        words = self._quads()[ids // 4, :, ids % 4]  # [len(ids), K / 128, 32]
+        return self._weights(self._codes(words), self.scales.index_select(0, ids), self.lows.index_select(0, ids), dtype)
+
+    def nbytes(self) -> int:
+        return _nbytes(self.packed, self.scales, self.lows)
+
+
+class TorchInt4Blocks:
+    """The same 4-bit codes in torch's own int4 layout, for CPUs without AVX-512 (bf16 activations:
+    other dtypes are cast in and out). Torch's kernel serves products of any number of rows."""
+
+    wide_itself = True
+
+    def __init__(self, groups: Int4Groups) -> None:
+        self.shape = groups.shape
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(groups.q.to(torch.int32), 1)
+        zeros = groups.lows + 8 * groups.scales  # torch's w = (q - 8) * scale + zero
+        self.scales_and_zeros = torch.stack([groups.scales, zeros], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+
+    @staticmethod
+    def fits(shape: tuple[int, int]) -> bool:
+        return shape[1] % INT4_GROUP == 0 and shape[0] % 16 == 0
+
+    def few(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, INT4_GROUP, self.scales_and_zeros)
+        return out.to(x.dtype)
+
+    def dequantize(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError("TorchInt4Blocks serves wide products itself")
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError("TorchInt4Blocks cannot give rows back (embeddings use another kind)")
+
+    def nbytes(self) -> int:
+        return _nbytes(self.packed, self.scales_and_zeros)
+
+
+class DenseBlocks:
+    """A weight held in the activations' dtype."""
+
+    wide_itself = False
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight.contiguous()
+        self.shape = tuple(weight.shape)  # type: ignore[assignment]
+
+    def few(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype))
+
+    def dequantize(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        return self.weight[start:stop].to(dtype)
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return F.embedding(ids, self.weight).to(dtype)
+
+    def nbytes(self) -> int:
+        return _nbytes(self.weight)
+
+
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def block_weight(groups: Int4Groups | Int8Groups | torch.Tensor, dtype: torch.dtype, need_rows: bool = False) -> BlockWeight:
+    """The kind that serves `groups` on this CPU: the codes as shipped where a kernel reads them,
+    else the dequantized weight. `need_rows`: the weight is also looked up by row (an embedding)."""
+    if isinstance(groups, Int8Groups) and groups.group in (16, 32):
+        return Int8Blocks(groups)
+    if isinstance(groups, Int4Groups):
+        if Int4Blocks.fits(groups.shape):
+            return Int4Blocks(groups)
+        if not need_rows and TorchInt4Blocks.fits(groups.shape):
+            return TorchInt4Blocks(groups)
+    weight = groups.dequantize() if isinstance(groups, (Int4Groups, Int8Groups)) else groups
+    return DenseBlocks(weight.to(dtype))

@@ -1,0 +1,116 @@
+"""A GGUF's quantized weights served from their codes (runtime/cpu/block_weights.py,
+block_linear.py): every kind's few-row product, dequantized rows and embedding rows against the
+weights the codes stand for, the wide products through dequantized slices, and fused
+projections whose parts ship in different formats. Kinds the CPU has no kernel for are skipped
+by their own `fits`, so this holds on every CPU kind."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cpu_ops import ops
+from runtime.cpu import block_linear
+from runtime.cpu.block_linear import BlockEmbedding, BlockLinear, block_product
+from runtime.cpu.block_weights import DenseBlocks, Int4Blocks, Int8Blocks, TorchInt4Blocks, block_weight
+from runtime.loading.gguf_groups import Int4Groups
+from runtime.loading.gguf_int8_groups import Int8Groups
+
+pytestmark = pytest.mark.skipif(ops() is None, reason="the CPU kernels could not be built here")
+N, K = 64, 256
+
+
+def int8_groups(group: int, scale_dtype: torch.dtype, n: int = N, seed: int = 0) -> Int8Groups:
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(-128, 128, (n, K), generator=gen, dtype=torch.int8)
+    return Int8Groups(codes, (torch.rand(n, K // group, generator=gen) * 0.01).to(scale_dtype))
+
+
+def int4_groups(n: int = N, seed: int = 1, half: bool = True) -> Int4Groups:
+    """`half`: scales and lows exact in float16 (Q4_0, Q4_1), kept so; else float32 ones (Q4_K)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, K), generator=gen, dtype=torch.uint8)
+    scales = torch.rand(n, K // 32, generator=gen) * 0.01
+    lows = -8 * scales - torch.rand(n, K // 32, generator=gen) * 0.001
+    return Int4Groups(q, scales.half().float(), lows.half().float()) if half else Int4Groups(q, scales, lows)
+
+
+def kinds() -> list[tuple[str, object]]:
+    out: list[tuple[str, object]] = [("int8 g32 f16", Int8Blocks(int8_groups(32, torch.float16))),
+                                     ("int8 g16 f32", Int8Blocks(int8_groups(16, torch.float32))),
+                                     ("dense", DenseBlocks(int4_groups().dequantize()))]
+    if Int4Blocks.fits((N, K)):
+        out.append(("int4 avx-512 f16", Int4Blocks(int4_groups())))
+        out.append(("int4 avx-512 f32", Int4Blocks(int4_groups(half=False))))
+    out.append(("int4 torch", TorchInt4Blocks(int4_groups())))
+    return out
+
+
+def reference(weight: object) -> torch.Tensor:
+    if isinstance(weight, Int8Blocks):
+        return Int8Groups(weight.codes, weight.scales).dequantize()
+    if isinstance(weight, DenseBlocks):
+        return weight.weight.float()
+    if isinstance(weight, Int4Blocks):
+        return Int4Groups(torch.zeros(N, K), weight.scales.float(), weight.lows.float()).dequantize() + (
+            int4_groups().q.float() * weight.scales.float().repeat_interleave(32, dim=1))
+    return int4_groups().dequantize()
+
+
+@pytest.mark.parametrize(("name", "weight"), kinds(), ids=[name for name, _ in kinds()])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_every_kind_is_the_weights_its_codes_stand_for(name: str, weight: object, dtype: torch.dtype) -> None:
+    exact = reference(weight)
+    tolerance = 1e-5 if dtype == torch.float32 and "torch" not in name else 1e-2  # torch's int4 kernel is bf16
+    for rows in (1, 3, 8, 20):
+        x = torch.randn(rows, K).to(dtype)
+        want = x.float() @ exact.t()
+        got = block_product(weight, x)  # type: ignore[arg-type]
+        assert got.dtype == dtype and got.shape == (rows, N)
+        assert (got.float() - want).norm() <= tolerance * want.norm(), rows
+    if isinstance(weight, TorchInt4Blocks):
+        return  # serves wide products itself; gives no rows back
+    if isinstance(weight, Int4Blocks):
+        assert weight.scales.dtype == (torch.float16 if "f16" in name else torch.float32)  # float16 only where exact
+    assert torch.equal(weight.dequantize(8, 40, dtype), exact[8:40].to(dtype))  # type: ignore[attr-defined]
+    ids = torch.tensor([0, 5, 63, 17, 5])
+    assert torch.equal(weight.rows(ids, dtype), exact[ids].to(dtype))  # type: ignore[attr-defined]
+
+
+def test_wide_products_go_a_slice_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slices smaller than the weight (here 3 rows, rounded to whole quads for int4) give the same
+    product as one slice."""
+    weights = [Int8Blocks(int8_groups(32, torch.float16)), DenseBlocks(torch.randn(N, K))]
+    if Int4Blocks.fits((N, K)):
+        weights.append(Int4Blocks(int4_groups()))
+    x = torch.randn(40, K)
+    for weight in weights:
+        whole = block_linear.wide_product(weight, x)
+        monkeypatch.setattr(block_linear, "SLICE_ELEMENTS", 3 * K)
+        assert (block_linear.wide_product(weight, x) - whole).norm() <= 1e-6 * whole.norm()
+        monkeypatch.undo()
+
+
+def test_a_fused_projection_of_mixed_formats() -> None:
+    """q and k in one format, v in another (as Q4_K_M ships some v projections in Q6_K): one part a
+    run, outputs side by side, the bias added once, any number of rows."""
+    q, k, v = int8_groups(32, torch.float16, seed=3), int8_groups(32, torch.float16, seed=4), int4_groups(seed=5)
+    merged = block_linear._merge([q, k, v])
+    assert len(merged) == 2 and merged[0].shape == (2 * N, K)  # q and k joined
+    bias = torch.nn.Parameter(torch.randn(3 * N), requires_grad=False)
+    layer = BlockLinear([block_weight(p, torch.float32) for p in merged], bias, [N, N, N])
+    exact = torch.cat([q.dequantize(), k.dequantize(), v.dequantize()])
+    for rows in (1, 5, 17, 40):
+        x = torch.randn(2, rows, K)
+        want = x @ exact.t() + bias
+        tolerance = 1e-5 if Int4Blocks.fits((N, K)) else 1e-2
+        assert (layer(x) - want).norm() <= tolerance * want.norm(), rows
+    embedding = BlockEmbedding(block_weight(q, torch.bfloat16, need_rows=True), torch.bfloat16)
+    ids = torch.tensor([[1, 2], [63, 0]])
+    assert torch.equal(embedding(ids), q.dequantize()[ids].bfloat16())
+
+
+def test_a_width_no_kernel_takes_is_served_dequantized() -> None:
+    odd = Int4Groups(torch.randint(0, 16, (6, 64), dtype=torch.uint8), torch.rand(6, 2), torch.rand(6, 2))
+    served = block_weight(odd, torch.float32)
+    assert isinstance(served, DenseBlocks) and torch.equal(served.weight, odd.dequantize())
