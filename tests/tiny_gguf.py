@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import quantize
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 64, 128, 2, 2, 1, 32
@@ -110,10 +111,12 @@ HF_TO_GGUF = {
 }
 
 
-def write_gguf_from_hf(folder: Path, path: Path, arch: str) -> None:
+def write_gguf_from_hf(folder: Path, path: Path, arch: str,
+                       kinds: dict[str, GGMLQuantizationType] | None = None) -> None:
     """Write the tiny Hugging Face model in `folder` (tests/tiny_models.py) as a float32 GGUF of
     architecture `arch` (llama, qwen3, qwen3moe, qwen2moe) as llama.cpp writes one: experts stacked
-    [E, rows, cols], a Llama file's q and k rows reordered for interleaved RoPE."""
+    [E, rows, cols], a Llama file's q and k rows reordered for interleaved RoPE. `kinds`: matrices
+    quantized instead, by GGUF tensor name without `blk.N.` (`*` for the rest; 2-D and 3-D)."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig
@@ -156,12 +159,21 @@ def write_gguf_from_hf(folder: Path, path: Path, arch: str) -> None:
     writer.add_eos_token_id(1)
     writer.add_unk_token_id(3)
     writer.add_pad_token_id(0)
+    def add(gguf_name: str, array: np.ndarray) -> None:
+        short = gguf_name.split(".", 2)[-1] if gguf_name.startswith("blk.") else gguf_name
+        kind = None if kinds is None or array.ndim < 2 else kinds.get(short, kinds.get("*"))
+        if kind is None or array.shape[-1] % GGML_QUANT_SIZES[kind][0]:
+            writer.add_tensor(gguf_name, array)
+            return
+        packed = quantize(array, kind)
+        writer.add_tensor(gguf_name, packed, raw_shape=packed.shape, raw_dtype=kind)
+
     layers: dict[int, dict[str, dict[int, torch.Tensor]]] = {}
     for name, tensor in state.items():
         if name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
             gguf = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                     "lm_head.weight": "output.weight"}[name]
-            writer.add_tensor(gguf, tensor.float().numpy())
+            add(gguf, tensor.float().numpy())
             continue
         _, _, index, rest = name.split(".", 3)
         if ".experts." in rest:  # mlp.experts.E.gate_proj.weight: stacked below
@@ -173,12 +185,12 @@ def write_gguf_from_hf(folder: Path, path: Path, arch: str) -> None:
             heads = config.num_attention_heads if rest.startswith("self_attn.q") else config.num_key_value_heads
             rows, cols = tensor.shape
             tensor = tensor.reshape(heads, 2, rows // heads // 2, cols).swapaxes(1, 2).reshape(rows, cols)
-        writer.add_tensor(f"blk.{index}.{HF_TO_GGUF[rest]}", tensor.float().numpy())
+        add(f"blk.{index}.{HF_TO_GGUF[rest]}", tensor.float().numpy())
     for index, projections in sorted(layers.items()):
         for proj, experts in projections.items():
             stacked = torch.stack([experts[e] for e in sorted(experts)]).float().numpy()
             gguf = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}[proj]
-            writer.add_tensor(f"blk.{index}.{gguf}.weight", stacked)
+            add(f"blk.{index}.{gguf}.weight", stacked)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

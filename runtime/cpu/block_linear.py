@@ -104,7 +104,7 @@ def output_ways(weight: BlockWeight) -> dict[str, Callable[[torch.Tensor], torch
             "gguf dequantized slices": lambda hidden: wide_product(weight, hidden)}
 
 
-def _merge(parts: list[Groups | torch.Tensor]) -> list[Groups | torch.Tensor]:
+def merge_parts(parts: list[Groups | torch.Tensor]) -> list[Groups | torch.Tensor]:
     """Runs of consecutive parts of one kind joined, so a fused projection makes as few calls as it can."""
     merged: list[Groups | torch.Tensor] = []
     for part in parts:
@@ -136,7 +136,7 @@ def swap_in_blocks(model: nn.Module, groups: Mapping[str, Groups], dense: Callab
                          for shard in FUSED_FROM.get(attr, [attr])]
                 if not any(name in groups for name in names):
                     continue
-                parts = _merge([groups[name] if name in groups else dense(name) for name in names])
+                parts = merge_parts([groups[name] if name in groups else dense(name) for name in names])
                 setattr(parent, attr, BlockLinear([block_weight(p, dtype) for p in parts], child.bias,
                                                   getattr(child, "shard_sizes", None)))
                 covered.update(name for name in names)
@@ -145,6 +145,9 @@ def swap_in_blocks(model: nn.Module, groups: Mapping[str, Groups], dense: Callab
                 covered.add(f"{prefix}.weight")
     if output_name in groups:
         covered.add(output_name)
+    from runtime.cpu.block_experts import swap_in_block_experts  # it builds on this file's layers
+
+    covered |= swap_in_block_experts(model, groups, dense, dtype)
     served = [m for m in model.modules() if isinstance(m, (BlockLinear, BlockEmbedding))]
     dense_parts = sum(isinstance(p, DenseBlocks) for m in served if isinstance(m, BlockLinear) for p in m.parts)
     logger.info("gguf: %d layers served from the file's codes (%.2f GiB), %d parts of them dequantized",

@@ -25,7 +25,7 @@ from gguf.quants import dequantize
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from runtime.loading.gguf_groups import INT4_GROUPS_FILE, write_int4_groups
+from runtime.loading.gguf_groups import INT4_GROUPS_FILE, RowOrder, expert_weight_name, write_int4_groups
 from runtime.loading.gguf_int8_groups import INT8_GROUPS_FILE, KEPT_GROUP_FILES, write_int8_groups
 from runtime.loading.kept_groups import KeptGroups
 
@@ -320,16 +320,12 @@ class GGUFArchitecture:
     norm_offset: float = 0.0  # added to every "*norm.weight" (Gemma stores 1 + w)
     # (reader, Hugging Face name, dequantized weight) -> the weight as Hugging Face lays it out
     transform: Callable[[GGUFReader, str, torch.Tensor], torch.Tensor] | None = None
-    # GGUF tensors (after "blk.N.") whose quantized codes are not kept as shipped (their rows need
-    # the transform, which the kept codes do not get)
-    unkept: tuple[str, ...] = ()
 
 
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "gemma3": GGUFArchitecture(gemma3_config, _GEMMA3_LAYER_NAMES, norm_offset=-1.0),
     "qwen2": GGUFArchitecture(qwen2_config, _QWEN2_LAYER_NAMES),
-    "llama": GGUFArchitecture(llama_config, _LLAMA_LAYER_NAMES, transform=unpermute_llama_qk,
-                              unkept=("attn_q.weight", "attn_k.weight")),
+    "llama": GGUFArchitecture(llama_config, _LLAMA_LAYER_NAMES, transform=unpermute_llama_qk),
     "qwen3": GGUFArchitecture(qwen3_config, _QWEN3_LAYER_NAMES),
     "qwen3moe": GGUFArchitecture(qwen3moe_config, _QWEN3MOE_LAYER_NAMES),
     "qwen2moe": GGUFArchitecture(qwen2moe_config, _QWEN2MOE_LAYER_NAMES),
@@ -365,8 +361,9 @@ def dequantized_state_dict(
         if tensor.name in CONFIG_TENSORS:
             continue
         name = hf_tensor_name(tensor.name, arch)
-        if name in skip:
-            continue
+        base, _, proj = name.rpartition(".")
+        if name in skip or (len(tensor.shape) == 3 and expert_weight_name(base, 0, proj) in skip):
+            continue  # kept as codes (a stack of experts: each expert's, all or none)
         # GGUF records shapes fastest-dimension first; numpy wants them reversed.
         shape = tuple(int(d) for d in reversed(tensor.shape))
         array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
@@ -380,24 +377,26 @@ def dequantized_state_dict(
 
 
 # file -> its writer (runtime/loading/gguf_groups.py: the 4-bit tensors; runtime/loading/gguf_int8_groups.py: the 5-8-bit ones)
-GROUP_WRITERS: dict[str, Callable[[GGUFReader, Path, Callable[[str], str]], int]] = {
+GROUP_WRITERS: dict[str, Callable[[GGUFReader, Path, Callable[[str], str], RowOrder], int]] = {
     INT4_GROUPS_FILE: write_int4_groups, INT8_GROUPS_FILE: write_int8_groups}
 
 
 def keep_groups(reader: GGUFReader, out_dir: Path, file_name: str) -> int:
     """Write one of KEPT_GROUP_FILES into `out_dir`: the GGUF's quantized tensors of that kind as
-    shipped, under their Hugging Face names; how many."""
+    shipped, under their Hugging Face names; how many. Where the architecture reorders a tensor's
+    rows (Llama's q and k), the codes' rows are reordered the same way: the transform is a row
+    permutation, read off by applying it to the row numbers."""
     arch = gguf_architecture(reader)
-    unkept = GGUF_ARCHITECTURES[arch].unkept
-    kept = _Tensors(reader, [t for t in reader.tensors if t.name.split(".", 2)[-1] not in unkept]) if unkept else reader
-    return GROUP_WRITERS[file_name](kept, out_dir, lambda name: hf_tensor_name(name, arch))  # type: ignore[arg-type]
+    transform = GGUF_ARCHITECTURES[arch].transform
 
+    def row_order(name: str, rows: int) -> torch.Tensor | None:
+        if transform is None:
+            return None
+        numbers = torch.arange(rows, dtype=torch.float64)[:, None]
+        order = transform(reader, name, numbers)[:, 0].long()
+        return None if torch.equal(order, torch.arange(rows)) else order
 
-class _Tensors:
-    """A reader seen with only some of its tensors."""
-
-    def __init__(self, reader: GGUFReader, tensors: list) -> None:
-        self.fields, self.tensors = reader.fields, tensors
+    return GROUP_WRITERS[file_name](reader, out_dir, lambda name: hf_tensor_name(name, arch), row_order)
 
 
 def convert_gguf(

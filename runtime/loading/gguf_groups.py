@@ -50,6 +50,9 @@ class Int4Groups:
         w = self.q.reshape(n, k // GROUP, GROUP).float() * self.scales[..., None] + self.lows[..., None]
         return w.reshape(n, k)
 
+    def take_rows(self, order: torch.Tensor) -> Int4Groups:
+        return Int4Groups(self.q[order], self.scales[order], self.lows[order])
+
     @staticmethod
     def concat(parts: list[Int4Groups]) -> Int4Groups:
         """Stacked along the output rows (a fused projection's shards)."""
@@ -104,23 +107,43 @@ def tensor_groups(kind: GGMLQuantizationType, data: np.ndarray, shape: tuple[int
                       torch.from_numpy(lows.reshape(n, k // GROUP).copy()))
 
 
+# (Hugging Face name, rows) -> the order the model wants the tensor's rows in, or None (as shipped)
+RowOrder = Callable[[str, int], "torch.Tensor | None"]
+
+
 def decoded_tensors(reader: GGUFReader, decode: Callable[[GGMLQuantizationType, np.ndarray, tuple[int, int]], G | None],
-                    hf_name: Callable[[str], str]) -> Iterator[tuple[str, G]]:
+                    hf_name: Callable[[str], str], row_order: RowOrder | None = None) -> Iterator[tuple[str, G]]:
     """(Hugging Face name, groups) of every tensor of the GGUF that `decode(kind, data, shape)`
     keeps (this file's tensor_groups, or runtime/loading/gguf_int8_groups.py's)."""
     for tensor in reader.tensors:
         shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the fastest dimension first
-        if len(shape) != 2:
-            continue  # experts stacked [E, rows, cols]: no few-row kernel reads them as shipped yet
-        groups = decode(tensor.tensor_type, tensor.data, shape)  # type: ignore[arg-type]
-        if groups is not None:
-            yield hf_name(tensor.name), groups
+        if len(shape) == 2:
+            groups = decode(tensor.tensor_type, tensor.data, shape)  # type: ignore[arg-type]
+            if groups is not None:
+                name = hf_name(tensor.name)
+                order = row_order(name, shape[0]) if row_order is not None else None
+                yield name, (groups if order is None else groups.take_rows(order))  # type: ignore[attr-defined]
+        elif len(shape) == 3:  # experts stacked [E, rows, cols]: each expert's matrix under its own name
+            stacked = hf_name(tensor.name)  # ...experts.gate_proj
+            base, _, proj = stacked.rpartition(".")
+            per_expert = np.asarray(tensor.data).reshape(shape[0], -1)
+            for expert in range(shape[0]):
+                groups = decode(tensor.tensor_type, per_expert[expert], shape[1:])  # type: ignore[arg-type]
+                if groups is None:
+                    break
+                yield expert_weight_name(base, expert, proj), groups
 
 
-def write_int4_groups(reader: GGUFReader, out_dir: Path, hf_name: Callable[[str], str]) -> int:
+def expert_weight_name(experts: str, expert: int, proj: str) -> str:
+    """One expert's projection, as Hugging Face checkpoints name it (`...experts.3.gate_proj.weight`)."""
+    return f"{experts}.{expert}.{proj}.weight"
+
+
+def write_int4_groups(reader: GGUFReader, out_dir: Path, hf_name: Callable[[str], str],
+                      row_order: RowOrder | None = None) -> int:
     """Write INT4_GROUPS_FILE for the GGUF's 4-bit tensors (`hf_name(gguf_name)` names them); how many."""
     tensors: dict[str, torch.Tensor] = {}
-    for name, groups in decoded_tensors(reader, tensor_groups, hf_name):
+    for name, groups in decoded_tensors(reader, tensor_groups, hf_name, row_order):
         # two codes a byte on disk (low nibble first)
         tensors[f"{name}:q"] = groups.q[:, 0::2] | (groups.q[:, 1::2] << 4)
         tensors[f"{name}:scales"], tensors[f"{name}:lows"] = groups.scales, groups.lows

@@ -29,7 +29,7 @@ from gguf.quants import dequantize
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from runtime.loading.gguf_groups import INT4_GROUPS_FILE, decoded_tensors
+from runtime.loading.gguf_groups import INT4_GROUPS_FILE, RowOrder, decoded_tensors
 
 INT8_GROUPS_FILE = "int8-groups.st"
 KEPT_GROUP_FILES = (INT4_GROUPS_FILE, INT8_GROUPS_FILE)  # every file a GGUF's quantized tensors are kept in
@@ -55,6 +55,9 @@ class Int8Groups:
         n, k = self.codes.shape
         q = self.codes.reshape(n, k // self.group, self.group).float()
         return (q * self.scales.float()[..., None]).reshape(n, k)
+
+    def take_rows(self, order: torch.Tensor) -> Int8Groups:
+        return Int8Groups(self.codes[order], self.scales[order])
 
     @staticmethod
     def concat(parts: list[Int8Groups]) -> Int8Groups | None:
@@ -99,11 +102,12 @@ def tensor_groups(kind: GGMLQuantizationType, data: np.ndarray, shape: tuple[int
                       torch.from_numpy(scales.astype(np.float16 if exact_half else np.float32).reshape(n, k // group)))
 
 
-def write_int8_groups(reader: GGUFReader, out_dir: Path, hf_name: Callable[[str], str]) -> int:
+def write_int8_groups(reader: GGUFReader, out_dir: Path, hf_name: Callable[[str], str],
+                      row_order: RowOrder | None = None) -> int:
     """Write INT8_GROUPS_FILE for the GGUF's 5-, 6- and 8-bit tensors (`hf_name(gguf_name)` names
     them); how many."""
     tensors: dict[str, torch.Tensor] = {}
-    for name, groups in decoded_tensors(reader, tensor_groups, hf_name):
+    for name, groups in decoded_tensors(reader, tensor_groups, hf_name, row_order):
         tensors[f"{name}:codes"], tensors[f"{name}:scales"] = groups.codes, groups.scales
     save_file(tensors, str(out_dir / INT8_GROUPS_FILE), metadata={"format": "radixserve-int8-groups"})
     return len(tensors) // 2

@@ -95,7 +95,7 @@ def test_a_fused_projection_of_mixed_formats() -> None:
     """q and k in one format, v in another (as Q4_K_M ships some v projections in Q6_K): one part a
     run, outputs side by side, the bias added once, any number of rows."""
     q, k, v = int8_groups(32, torch.float16, seed=3), int8_groups(32, torch.float16, seed=4), int4_groups(seed=5)
-    merged = block_linear._merge([q, k, v])
+    merged = block_linear.merge_parts([q, k, v])
     assert len(merged) == 2 and merged[0].shape == (2 * N, K)  # q and k joined
     bias = torch.nn.Parameter(torch.randn(3 * N), requires_grad=False)
     layer = BlockLinear([block_weight(p, torch.float32) for p in merged], bias, [N, N, N])

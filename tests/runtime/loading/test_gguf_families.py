@@ -42,6 +42,39 @@ def test_a_gguf_serves_greedy_identical_to_transformers(family: str, tmp_path: P
             assert_slots_balanced(engine)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe", "qwen2_moe"])
+def test_a_quantized_gguf_is_served_from_its_codes_as_its_dequantized_weights(family: str, tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Q8_0 matrices and Q4_0 experts, served from the codes (`gguf`, experts included) and from the
+    weights dequantized when loaded (`none`): greedy-identical in fp32, as the codes are exactly
+    those weights; the converted folder holds no dequantized copy of them."""
+    from gguf import GGMLQuantizationType
+
+    from runtime.cpu.block_experts import BlockExperts
+    from runtime.cpu.block_linear import BlockLinear
+
+    monkeypatch.setenv("RADIXSERVE_HOME", str(tmp_path / "home"))
+    folder = save_tiny_model(family, tmp_path / family)
+    gguf = tmp_path / f"tiny-{family}.gguf"
+    four = GGMLQuantizationType.Q4_0
+    write_gguf_from_hf(folder, gguf, CASES[family], kinds={"*": GGMLQuantizationType.Q8_0, "ffn_gate_exps.weight": four,
+                                                            "ffn_up_exps.weight": four, "ffn_down_exps.weight": four})
+    converted = resolve_model_path(str(gguf))
+    assert (converted / "model.safetensors").stat().st_size < gguf.stat().st_size // 4  # norms and routers only
+    prompts = shared_prefix_prompts()[:4]
+    params = {"max_new_tokens": STEPS, "temperature": 0, "ignore_eos": True}
+    outputs = {}
+    for quantization in ("gguf", "none"):
+        with Engine(model=str(gguf), dtype="float32", kv_cache_tokens=512, quantization=quantization) as engine:
+            outputs[quantization] = [o.token_ids for o in engine.generate(input_ids=prompts, sampling_params=params)]
+            assert_slots_balanced(engine)
+            if quantization == "gguf":
+                modules = list(engine.runner.model.modules())
+                assert any(isinstance(m, BlockLinear) for m in modules)
+                assert any(isinstance(m, BlockExperts) for m in modules) == ("moe" in family)
+    assert outputs["gguf"] == outputs["none"]
+
+
 def test_an_unsupported_gguf_architecture_names_it_and_the_supported_ones(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from gguf import GGUFWriter
