@@ -112,18 +112,19 @@ HF_TO_GGUF = {
 
 
 def write_gguf_from_hf(folder: Path, path: Path, arch: str,
-                       kinds: dict[str, GGMLQuantizationType] | None = None) -> None:
+                       kinds: dict[str, GGMLQuantizationType] | None = None, split_max_tensors: int = 0) -> None:
     """Write the tiny Hugging Face model in `folder` (tests/tiny_models.py) as a float32 GGUF of
     architecture `arch` (llama, qwen3, qwen3moe, qwen2moe) as llama.cpp writes one: experts stacked
     [E, rows, cols], a Llama file's q and k rows reordered for interleaved RoPE. `kinds`: matrices
-    quantized instead, by GGUF tensor name without `blk.N.` (`*` for the rest; 2-D and 3-D)."""
+    quantized instead, by GGUF tensor name without `blk.N.` (`*` for the rest; 2-D and 3-D).
+    `split_max_tensors`: written as a split GGUF of parts holding at most that many tensors each."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(folder))
     state = load_file(str(folder / "model.safetensors"))
-    writer = GGUFWriter(str(path), arch)
+    writer = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)  # split: path-0000i-of-0000n.gguf
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)

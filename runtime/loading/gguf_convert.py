@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from runtime.loading.gguf_groups import INT4_GROUPS_FILE, RowOrder, expert_weight_name, write_int4_groups
 from runtime.loading.gguf_int8_groups import INT8_GROUPS_FILE, KEPT_GROUP_FILES, write_int8_groups
+from runtime.loading.gguf_split import open_gguf
 from runtime.loading.kept_groups import KeptGroups
 
 logger = logging.getLogger(__name__)
@@ -422,7 +423,7 @@ def convert_gguf(
     from transformers import AutoTokenizer
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    reader = GGUFReader(str(gguf_path))
+    reader = open_gguf(gguf_path)  # a split GGUF's parts as one
     config = hf_config(reader)
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
     for file_name in KEPT_GROUP_FILES:

@@ -6,7 +6,7 @@ The forms, tried in this order:
   `~/.ollama/models`): the manifest `manifests/registry.ollama.ai/library/NAME/TAG` (a
   `user/name` model lives under `user/` instead of `library/`) names the layer of media type
   `application/vnd.ollama.image.model`, whose digest `sha256:X` is the file `blobs/sha256-X`;
-- a `.gguf` file;
+- a `.gguf` file, or the first part of a split one (`-00001-of-0000N.gguf`: runtime/loading/gguf_split.py);
 - a local folder with a `config.json` (a Hugging Face checkpoint);
 - a Hugging Face id `org/repo`, through `huggingface_hub` as vLLM's and SGLang's users expect:
   its cache first, downloaded where the network allows (`HF_HUB_OFFLINE=1`: the cache only); a
@@ -35,11 +35,11 @@ from runtime.loading.default_model import (
     radixserve_home,
     verify_model_dir,
 )
+from runtime.loading.gguf_split import split_parts
 
 OLLAMA_PREFIX = "ollama:"
 OLLAMA_REGISTRY = "registry.ollama.ai"
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
-SPLIT_GGUF = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 # What a user's GGUF converts with: its own chat template, no generation defaults of ours.
 USER_GGUF = BuiltinModel(name="", aliases=(), title="", parts=(), sha256="", install_hint="")
 
@@ -77,14 +77,11 @@ def _looks_like_hub_id(model: str) -> bool:
 
 
 def gguf_model_dir(path: Path) -> Path:
-    """The converted folder of a GGUF file, converting it on first use."""
+    """The converted folder of a GGUF file (or of a split GGUF's first part), converting it on first use."""
     path = path.resolve()
-    split = SPLIT_GGUF.search(path.name)
-    if split is not None and split.group(2) != "00001":
-        raise ValueError(f"model: {path.name} is part {int(split.group(1))} of a split GGUF; radixserve does "
-                         "not read split GGUFs yet: join them with llama.cpp's `llama-gguf-split --merge`")
-    stat = path.stat()
-    key = hashlib.sha256(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    parts = split_parts(path)
+    stamp = "\0".join(f"{p}\0{p.stat().st_size}\0{p.stat().st_mtime_ns}" for p in parts)
+    key = hashlib.sha256(stamp.encode()).hexdigest()[:16]
     folder = radixserve_home() / "models" / "gguf" / f"{path.stem}-{key}"
     if folder.exists():
         try:
@@ -92,7 +89,8 @@ def gguf_model_dir(path: Path) -> Path:
             return folder
         except DefaultModelError as exc:  # a damaged conversion is rebuilt, never served
             print(f"radixserve: {exc}; converting again", flush=True)
-    _check_gguf(path)  # (a cached conversion was checked when it was made: same path, size and time)
+    for part in parts:  # (a cached conversion was checked when it was made: same paths, sizes and times)
+        _check_gguf(part)
     print(f"radixserve: first use of {path}: converting it into {folder}; this happens once", flush=True)
     # The file's quantized tensors kept as their codes only: served from them (runtime/cpu/
     # block_linear.py), never copied at several times the file's size.

@@ -75,6 +75,33 @@ def test_a_quantized_gguf_is_served_from_its_codes_as_its_dequantized_weights(fa
     assert outputs["gguf"] == outputs["none"]
 
 
+def test_a_split_gguf_serves_from_its_first_part_as_the_whole_file(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`-00001-of-0000N.gguf` as llama.cpp's gguf-split writes it (metadata in the first part, tensors
+    spread over all): the same greedy output as the unsplit file; a missing part is named."""
+    from gguf import GGMLQuantizationType
+
+    monkeypatch.setenv("RADIXSERVE_HOME", str(tmp_path / "home"))
+    folder = save_tiny_model("qwen3", tmp_path / "qwen3")
+    kinds = {"*": GGMLQuantizationType.Q8_0}
+    write_gguf_from_hf(folder, tmp_path / "whole.gguf", "qwen3", kinds=kinds)
+    write_gguf_from_hf(folder, tmp_path / "split.gguf", "qwen3", kinds=kinds, split_max_tensors=10)
+    parts = sorted(tmp_path.glob("split-*-of-*.gguf"))
+    assert len(parts) > 2 and parts[0].name.endswith("-00001-of-" + parts[0].name[-10:])
+    prompts = shared_prefix_prompts()[:3]
+    params = {"max_new_tokens": STEPS, "temperature": 0, "ignore_eos": True}
+    outputs = []
+    for model in (tmp_path / "whole.gguf", parts[0]):
+        with Engine(model=str(model), dtype="float32", kv_cache_tokens=512) as engine:
+            outputs.append([o.token_ids for o in engine.generate(input_ids=prompts, sampling_params=params)])
+    assert outputs[0] == outputs[1]
+    parts[-1].unlink()
+    with pytest.raises(ValueError, match=f"lacks its part.*{parts[-1].name}"):
+        resolve_model_path(str(parts[0]))
+    with pytest.raises(ValueError, match="pass its first part"):
+        resolve_model_path(str(parts[1]))
+
+
 def test_an_unsupported_gguf_architecture_names_it_and_the_supported_ones(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from gguf import GGUFWriter
