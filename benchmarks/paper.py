@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--port", type=int, default=30100)
     parser.add_argument("--lock", type=Path, default=None,
                         help="hold this file's exclusive flock while each system runs (a shared machine's bench lock)")
+    parser.add_argument("--peers-from", type=Path, default=None,
+                        help="an earlier paper.json: its rows for the systems this run leaves out go in the table, named as such")
     parser.add_argument("--no-pages", dest="pages", action="store_false",
                         help="leave the README's and docs/benchmarks.md's tables as they are")
     parser.add_argument("--json", type=Path, default=RESULTS / "paper.json")
@@ -193,6 +195,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"{name}: {exc!r}", flush=True)
         report["systems"].append(row)
     report["wall_s"] = time.perf_counter() - began
+    if args.peers_from:
+        # Rows of systems this run left out, as an earlier run measured them (the table says which run).
+        earlier = json.loads(args.peers_from.read_text())
+        ran = {row["name"] for row in report["systems"]}
+        report["systems"] += [{**row, "from_run": f"{earlier['date']}, `{earlier['command'].strip()}`"}
+                              for row in earlier["systems"] if row["name"] not in ran and "error" not in row]
     report["markdown"] = paper_report.markdown(report)
     print(report["markdown"])
     args.json.parent.mkdir(parents=True, exist_ok=True)

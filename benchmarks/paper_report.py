@@ -41,7 +41,9 @@ def table(report: dict[str, Any]) -> str:
              f"one run (`{report['command'].strip()}`, "
              f"{report['wall_s'] / 60:.1f} min in all, startups included). Every server alone on the machine but "
              f"for this client; {report['concurrency']} requests in flight within a phase; greedy; generation "
-             "requests produce a fixed token count (ignore_eos) so each peer does the same work.", "",
+             "requests produce a fixed token count (ignore_eos) so each peer does the same work."
+             + "".join(f" {s['name']}'s rows are from an earlier run ({s['from_run']})." for s in report["systems"]
+                       if s.get("from_run")), "",
              "| workload | what | radixserve req/s | " + " | ".join(f"{label} req/s" for _, label in PEERS)
              + " | " + " | ".join(f"vs {label}" for _, label in PEERS)
              + " | latency p50, s (ours / " + " / ".join(label for _, label in PEERS) + ")"
