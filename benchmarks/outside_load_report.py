@@ -40,14 +40,14 @@ def plot(report: dict[str, Any], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for system in report["systems"]:
+    for index, system in enumerate(report["systems"]):
         points = system.get("points", [])
         if not points:
             continue
         xs = [p["concurrency"] for p in points]
-        for tool, style in (("aiperf", "-o"), ("ours", "--s")):
+        for tool, style in (("aiperf", "-o"), ("ours", "--s")):  # one colour per system, one line style per tool
             label = f"{system['name']} ({'AIPerf' if tool == 'aiperf' else 'benchmarks/serving.py'})"
-            ax.plot(xs, [p[tool]["output_token_throughput"] for p in points], style, label=label)
+            ax.plot(xs, [p[tool]["output_token_throughput"] for p in points], style, color=f"C{index}", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrent requests")
     ax.set_ylabel("output tokens / s")

@@ -196,11 +196,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["systems"].append(row)
     report["wall_s"] = time.perf_counter() - began
     if args.peers_from:
-        # Rows of systems this run left out, as an earlier run measured them (the table says which run).
-        earlier = json.loads(args.peers_from.read_text())
-        ran = {row["name"] for row in report["systems"]}
-        report["systems"] += [{**row, "from_run": f"{earlier['date']}, `{earlier['command'].strip()}`"}
-                              for row in earlier["systems"] if row["name"] not in ran and "error" not in row]
+        paper_report.merge_peers(report, json.loads(args.peers_from.read_text()))
     report["markdown"] = paper_report.markdown(report)
     print(report["markdown"])
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,16 @@
-"""The markdown table of `make bench-paper` (benchmarks/paper.py), written from the run's own report."""
+"""The markdown table of `make bench-paper` (benchmarks/paper.py), written from the run's own report.
+
+    python -m benchmarks.paper_report RUN.json [--peers-from EARLIER.json] [--json OUT.json]
+
+writes a run's table again, with the rows of systems it left out taken from an earlier run (named
+as such in the table): radixserve rerun at a new commit beside peers that did not change.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+from pathlib import Path
 from typing import Any
 
 PEERS = [("vllm-cpu", "vLLM CPU"), ("llama.cpp", "llama.cpp")]
@@ -90,3 +99,31 @@ def _agreement(systems: dict[str, dict[str, Any]]) -> list[str]:
                 same = sum(a == b for a, b in zip(mine["outputs"], theirs["outputs"]))
                 out.append(f"{label} {name} {same}/{len(mine['outputs'])}")
     return out
+
+
+def merge_peers(report: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
+    """Add the earlier run's rows for systems `report` lacks, each marked with the run it came from."""
+    ran = {row["name"] for row in report["systems"]}
+    report["systems"] += [{**row, "from_run": f"{earlier['date']}, `{earlier['command'].strip()}`"}
+                          for row in earlier["systems"] if row["name"] not in ran and "error" not in row]
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", type=Path)
+    parser.add_argument("--peers-from", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="default: RUN.json itself")
+    args = parser.parse_args(argv)
+    report = json.loads(args.run.read_text())
+    if args.peers_from:
+        merge_peers(report, json.loads(args.peers_from.read_text()))
+    report["markdown"] = markdown(report)
+    out = args.json or args.run
+    out.write_text(json.dumps(report, indent=1))
+    out.with_suffix(".md").write_text(report["markdown"] + "\n")
+    print(report["markdown"])
+
+
+if __name__ == "__main__":
+    main()
