@@ -3,8 +3,10 @@
 takes about the file's size in RAM (`--quantization gguf`, the default for a GGUF on a CPU whose
 kernels read its formats).
 
-- A product of at most WIDE_ROWS rows (decode steps) runs the kernels over the codes, FEW_ROWS
-  rows a pass: it only streams the weights, and the codes are the fewest bytes to stream.
+- A product of at most WIDE_ROWS rows (decode steps) runs the kernels over the codes in one
+  pass: it only streams the weights, and the codes are the fewest bytes to stream. Past one pass
+  the kernels' float multiply-adds cost more than dequantizing (one 9728 x 896 int8 layer, one
+  thread, Zen 4: codes 2.5 ms at 8 rows against 3.2 through slices; 4.2 against 3.2 at 16).
 - A wider product (prefill) is compute-bound: the weight is dequantized a slice of rows at a time
   (SLICE_ELEMENTS weights, a few MB that stay in cache) into the activations' dtype and multiplied
   there by torch's GEMM. Dequantizing costs a few operations a weight; the GEMM costs two per
@@ -22,12 +24,13 @@ import torch
 from torch import nn
 
 from runtime.cpu.block_weights import FEW_ROWS, BlockWeight, DenseBlocks, block_weight
+from runtime.layers.output_layer import OutputLayer
 from runtime.loading.gguf_groups import Int4Groups
 from runtime.loading.gguf_int8_groups import Int8Groups
 from runtime.models.weights import FUSED_FROM
 
 logger = logging.getLogger(__name__)
-WIDE_ROWS = 16  # past this many rows, dequantized slices and torch's GEMM
+WIDE_ROWS = FEW_ROWS  # past one pass of the kernels (8 rows), dequantized slices and torch's GEMM (measured)
 SLICE_ELEMENTS = 1 << 22  # weights dequantized at a time for a wide product (8 MB in bf16)
 Groups = Int4Groups | Int8Groups
 
@@ -98,10 +101,14 @@ class BlockEmbedding(nn.Module):
         return self.weight.nbytes()
 
 
-def output_ways(weight: BlockWeight) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    """The output layer's candidate ways over shipped weights (runtime/cpu/output_layer.py times them)."""
-    return {"gguf codes": lambda hidden: few_product(weight, hidden),
-            "gguf dequantized slices": lambda hidden: wide_product(weight, hidden)}
+class BlockOutputLayer(OutputLayer):
+    """The output layer over shipped weights: the same rule as the linear layers (codes for a
+    decode step, dequantized slices past WIDE_ROWS). Not timed per batch size as the tensor ways
+    are (runtime/cpu/output_layer.py): timing the slices at every small size cost seconds of
+    start-up for a choice the row count already makes."""
+
+    def __call__(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return block_product(weight, hidden).float()  # type: ignore[arg-type]
 
 
 def merge_parts(parts: list[Groups | torch.Tensor]) -> list[Groups | torch.Tensor]:

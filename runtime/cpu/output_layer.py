@@ -32,21 +32,17 @@ WARM_ROWS = 64  # buckets timed before serving; larger ones (rare on a CPU) are 
 
 
 class TimedOutputLayer(OutputLayer):
-    def __init__(self, extra_ways: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None,
-                 over_weight: bool = True, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, extra_ways: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None) -> None:
         """extra_ways: more candidates, hidden -> logits over weights prepared at load (a oneDNN-packed
-        copy, a bf16 copy of fp32 weights, int8 weights: runtime/cpu/prepare.py); over_weight: whether
-        the model's output weight is a tensor the built-in ways can multiply (not where it is served
-        from a GGUF's codes, runtime/cpu/block_linear.py; then `dtype` is the activations')."""
+        copy, a bf16 copy of fp32 weights, int8 weights: runtime/cpu/prepare.py)."""
         self.choice: dict[int, str] = {}  # batch-size bucket -> the faster way
-        self.ways = dict(WAYS) if over_weight else {}
-        self.over_weight, self.dtype = over_weight, dtype
+        self.ways = dict(WAYS)
         for name, kernel in (extra_ways or {}).items():
             self.ways[name] = lambda hidden, _weight, kernel=kernel: kernel(hidden).float()
 
     def __call__(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         rows = hidden.shape[0]
-        if self.over_weight and (hidden.device.type != "cpu" or self._untimed(rows)):
+        if hidden.device.type != "cpu" or self._untimed(rows):
             return linear_logits(hidden, weight)
         bucket = 1 << (rows - 1).bit_length()
         way = self.choice.get(bucket)
@@ -60,19 +56,18 @@ class TimedOutputLayer(OutputLayer):
         its first step, so the timing runs on the thread pool that will serve) instead of inside the
         first steps that reach them: each costs a few tenths of a second at the default model's
         vocabulary, which a short burst of requests would otherwise pay while it is served."""
-        if self.over_weight and weight.device.type != "cpu":
+        if weight.device.type != "cpu":
             return
-        dtype = weight.dtype if self.over_weight else self.dtype
         gen = torch.Generator(device="cpu").manual_seed(0)
         bucket = 1
         while bucket <= min(max_rows, WARM_ROWS):
             if bucket not in self.choice and not self._untimed(bucket):
-                self._measure(bucket, torch.randn(bucket, weight.shape[1], generator=gen).to(dtype), weight)
+                self._measure(bucket, torch.randn(bucket, weight.shape[1], generator=gen).to(weight.dtype), weight)
             bucket *= 2
 
     def _untimed(self, rows: int) -> bool:
         """One row with only the built-in ways: `linear` serves it without a measurement."""
-        return rows == 1 and self.over_weight and len(self.ways) == len(WAYS)
+        return rows == 1 and len(self.ways) == len(WAYS)
 
     def _measure(self, bucket: int, hidden: torch.Tensor, weight: torch.Tensor) -> tuple[str, torch.Tensor]:
         times, logits = dict.fromkeys(self.ways, float("inf")), None

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from kernels.cpu_ops import ops as cpu_ops
-from runtime.cpu.block_linear import output_ways
+from runtime.cpu.block_linear import BlockOutputLayer
 from runtime.cpu.dual_linear import use_dual_linears
 from runtime.cpu.int4_linear import fits_int4, int4_kernel, quantize_linears_int4
 from runtime.cpu.int8_linear import int8_kernel, quantize_linears
@@ -29,6 +29,7 @@ from runtime.cpu.kernel_linear import Kernel, copies_fit, linear_kernel, packing
 from runtime.cpu.output_layer import TimedOutputLayer
 from runtime.cpu.packed_linear import pack_linears
 from runtime.cpu.precision import Precision
+from runtime.layers.output_layer import OutputLayer
 from runtime.exec.device import host_available_bytes
 from runtime.loading.gguf_groups import Int4Groups
 from runtime.loading.gguf_int8_groups import KEPT_GROUP_FILES
@@ -88,7 +89,7 @@ def group_kernel_fast() -> bool:
 
 
 def prepare(model: nn.Module, precision: Precision, quantization: str | None,
-            int4_groups: dict[str, Int4Groups] | None = None) -> TimedOutputLayer:
+            int4_groups: dict[str, Int4Groups] | None = None) -> OutputLayer:
     """Swap the model's linear layers for the CPU's fastest kinds; returns its output layer.
     `int4_groups`: a GGUF's own 4-bit codes (runtime/loading/gguf_groups.py), which `int4` serves as
     shipped. Under gguf the model was built over the file's codes at load (runtime/cpu/block_linear.py)
@@ -99,7 +100,7 @@ def prepare(model: nn.Module, precision: Precision, quantization: str | None,
     if not isinstance(weight, torch.Tensor):  # the output layer too is served from the file's codes
         if packed:
             pack_linears(model, dtype)
-        return TimedOutputLayer(output_ways(weight), over_weight=False, dtype=dtype)
+        return BlockOutputLayer()
     if quantization == "int8":  # opt-in: int8 weights for few rows, packed bf16 for more
         quantize_linears(model, packed)
         ways["int8"] = int8_kernel(weight, None)

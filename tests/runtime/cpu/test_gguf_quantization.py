@@ -18,7 +18,7 @@ from gguf.quants import dequantize
 from kernels.cpu_ops import ops
 from runtime import Engine
 from runtime.cpu import Precision, prepare
-from runtime.cpu.block_linear import BlockEmbedding, BlockLinear
+from runtime.cpu.block_linear import BlockEmbedding, BlockLinear, BlockOutputLayer
 from runtime.cpu.block_weights import Int4Blocks, Int8Blocks, TorchInt4Blocks
 from runtime.cpu.dual_linear import DualLinear
 from runtime.cpu.prepare import group_kernel_fast as gguf_fast
@@ -139,7 +139,7 @@ def test_gguf_serves_every_layer_from_its_shipped_codes(mixed_model: tuple[Path,
     assert {n for n, kinds in parts.items() if kinds == [Int8Blocks]} == {
         f"{p}.{s}" for p in layers for s in ("self_attn.qkv_proj", "mlp.gate_up_proj")}
     assert isinstance(runner.model.model.embed_tokens, BlockEmbedding)
-    assert set(runner.output_layer.ways) == {"gguf codes", "gguf dequantized slices"}
+    assert isinstance(runner.output_layer, BlockOutputLayer)
     # nothing of the file's quantized weights is held in --dtype: only norms remain parameters
     assert all(p.dim() == 1 for p in runner.model.parameters())
     layer = dict(runner.model.named_modules())["model.layers.0.mlp.gate_up_proj"]
@@ -198,7 +198,7 @@ def test_gguf_beside_the_dual_layers_of_a_cpu_without_bf16_units(mixed_model: tu
     folder, expected = mixed_model
     model = load_model(folder, load_config(folder), torch.float32, CPU, blocks=True)
     output = prepare(model, Precision(torch.float32, lowp_rows=4, reason="forced"), "gguf")
-    assert set(output.ways) == {"gguf codes", "gguf dequantized slices"}
+    assert isinstance(output, BlockOutputLayer)
     assert not any(isinstance(m, DualLinear) for m in model.modules())
     layer = dict(model.named_modules())["model.layers.1.self_attn.qkv_proj"]
     exact_w = torch.cat([torch.from_numpy(expected[f"model.layers.1.self_attn.{p}_proj.weight"]) for p in "qkv"])
