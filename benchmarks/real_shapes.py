@@ -152,10 +152,11 @@ def _short(commit: str) -> str:
 
 def markdown(report: dict) -> str:
     bw = report["bandwidth"]
-    lines = [f"CPU: {report['cpu']}; median of {report['trials']} trials; each server alone but for this client; "
+    lines = [f"CPU: {report['cpu']}; each server alone but for this client; figures are medians of the trials; "
              f"KV budget {KV_TOKENS} tokens each. Bandwidth measured with each row (the last: copy "
              f"{bw['copy_gb_s']:.1f} GB/s, read + written; read {bw['read_gb_s']:.1f} GB/s). Rows measured "
-             + "; ".join(f"{r['row']} {r['date']} at {_short(r['commit'])}" for r in report["rows"]) + ".", "",
+             + "; ".join(f"{r['row']} {r['date']} at {_short(r['commit'])}, {r.get('trials', report['trials'])} trials"
+                         for r in report["rows"]) + ".", "",
              "| model (file) | system | prompt tok/s | one stream tok/s | 16 streams tok/s | peak RSS GiB | "
              "start-up s | one stream, of copy bandwidth |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for row in report["rows"]:
@@ -172,8 +173,8 @@ def markdown(report: dict) -> str:
 
 def compact(report: dict) -> str:
     """The README's table: each row's figures as radixserve / llama.cpp."""
-    lines = [f"CPU: {report['cpu']}; median of {report['trials']} trials; rows measured "
-             + "; ".join(f"{r['row']} {r['date']}" for r in report["rows"]) + "; radixserve / llama.cpp on the same file",
+    lines = [f"CPU: {report['cpu']}; rows measured (medians of the trials) "
+             + "; ".join(f"{r['row']} {r['date']}, {r.get('trials', report['trials'])} trials" for r in report["rows"]) + "; radixserve / llama.cpp on the same file",
              "", "| file | prompt tok/s | one stream tok/s | 16 streams tok/s | peak RSS GiB | start-up s |",
              "|---|---:|---:|---:|---:|---:|"]
     for row in report["rows"]:
@@ -216,13 +217,14 @@ def main(argv: list[str] | None = None) -> dict:
     report: dict = {"cpu": cpu_name(), "date": date, "commit": commit, "trials": args.trials,
                     "bandwidth": memory_bound.stream_bandwidth(), "rows": []}
     if args.append and args.json.is_file():
-        report["rows"] = [r for r in json.loads(args.json.read_text())["rows"] if r["row"] not in {row_label(x) for x in args.rows}]
+        old = json.loads(args.json.read_text())
+        report["rows"] = [{"trials": old["trials"], **r} for r in old["rows"] if r["row"] not in {row_label(x) for x in args.rows}]
     print(json.dumps(report["bandwidth"]), flush=True)
     for row in args.rows:
         label, path, what = row_file(row)
         per_token = memory_bound.bytes_per_token(path)
         entry = {"row": label, "what": what, "file": str(path), "file_gib": path.stat().st_size / 2**30,
-                 "bytes_per_token": per_token, "date": date, "commit": commit, "bandwidth": report["bandwidth"],
+                 "bytes_per_token": per_token, "date": date, "trials": args.trials, "commit": commit, "bandwidth": report["bandwidth"],
                  "systems": []}
         for system in args.systems:
             try:
