@@ -109,8 +109,8 @@ class ModelRunner:
         # gguf: the file's quantized weights served from their codes, with no copy in --dtype
         self.model = load_model(cfg.model_path, self.config, self.dtype, self.device, cfg.load_format,
                                 blocks=self.quantization == "gguf")
-        # What adapters may adapt, noted while every projection is still a plain Linear; wrapped below,
-        # around whatever kind of layer the CPU puts there.
+        # What adapters may adapt, noted before cpu.prepare swaps layers (a GGUF's block layers are in
+        # place already; find_targets reads any kind); wrapped below, around whatever kind is there then.
         self.lora_targets: dict[str, Target] | None = find_targets(self.model) if cfg.enable_lora else None
         # The CPU's own linear layers and output layer (runtime/cpu/); elsewhere plain ones.
         if self.device.type == "cpu":
