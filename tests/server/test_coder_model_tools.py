@@ -1,6 +1,6 @@
 """The built-in Qwen2.5-Coder-1.5B-Instruct calling tools through `python -m server`, as a user runs it.
 
-Slow (needs the `coder-1.5b` extra; the first run converts the GGUF once): the server is started
+Slow (needs the `coder-model` extra; the first run converts the GGUF once): the server is started
 with `--model qwen2.5-coder-1.5b-instruct` and the openai SDK asks it, greedy, for one tool call
 and for a two-step chain whose second call takes the first one's result.
 """

@@ -1,4 +1,4 @@
-"""The built-in Qwen2.5-Coder-1.5B-Instruct (the `coder-1.5b` extra): 22 GGUF chunks joined in order.
+"""The built-in Qwen2.5-Coder-1.5B-Instruct (the `coder-model` extra): 22 GGUF chunks joined in order.
 
 Fast: the table row is what the packages hold (22 parts of 0.2.0, named by their index), and the
 joining of 22 parts made here as real installed distributions (on sys.path, found through their
@@ -37,7 +37,7 @@ def test_the_row_names_22_parts_in_order_with_their_own_hashes() -> None:
     assert {p.version for p in CODER.parts} == {"0.2.0"}
     assert len({p.sha256 for p in CODER.parts}) == 22  # no digest copied from one part to another
     assert CODER.tool_call_parser == "qwen25_coder" and CODER.chat_template_edits == QWEN_CODER_TOOL_RESULT_EDITS[:1]
-    assert "coder-1.5b" in CODER.install_hint
+    assert "coder-model" in CODER.install_hint
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def test_a_missing_part_or_a_removed_file_is_named(fake_coder: tuple[BuiltinMode
     assert not list(tmp_path.glob("*.gguf"))
 
 
-# -- the real parts (slow; needs `pip install -e '.[coder-1.5b]'`) -------------------------------------
+# -- the real parts (slow; needs `pip install -e '.[coder-model]'`) -------------------------------------
 
 
 def coder_model_installed() -> bool:
@@ -100,7 +100,7 @@ def coder_model_installed() -> bool:
 
 
 needs_coder_model = pytest.mark.skipif(not coder_model_installed(),
-                                       reason="needs the coder-1.5b extra: pip install -e '.[coder-1.5b]'")
+                                       reason="needs the coder-model extra: pip install -e '.[coder-model]'")
 
 
 @pytest.mark.slow
