@@ -24,12 +24,14 @@ import torch
 from torch import nn
 
 from runtime.cpu.block_weights import FEW_ROWS, BlockWeight, DenseBlocks, block_weight
+from runtime.cpu.kernel_linear import linear_kernel, packing_supported
 from runtime.layers.output_layer import OutputLayer
 from runtime.loading.gguf_groups import Int4Groups
 from runtime.loading.gguf_int8_groups import Int8Groups
 from runtime.models.weights import FUSED_FROM
 
 logger = logging.getLogger(__name__)
+WIDE_COPY_BYTES = 1 << 30  # a small model's packed copies for wide products, at most (add_wide_copies)
 WIDE_ROWS = FEW_ROWS  # past one pass of the kernels (8 rows), dequantized slices and torch's GEMM (measured)
 SLICE_ELEMENTS = 1 << 22  # weights dequantized at a time for a wide product (8 MB in bf16)
 Groups = Int4Groups | Int8Groups
@@ -57,7 +59,31 @@ def wide_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
 
 
 def block_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
-    return few_product(weight, x) if x.shape[0] <= WIDE_ROWS else wide_product(weight, x)
+    if x.shape[0] <= WIDE_ROWS:
+        return few_product(weight, x)
+    wide = getattr(weight, "wide_copy", None)  # a packed copy, where the model is small (add_wide_copies)
+    return wide(x) if wide is not None else wide_product(weight, x)
+
+
+def add_wide_copies(model: nn.Module, dtype: torch.dtype, available_bytes: int) -> int:
+    """Give every block weight a oneDNN-packed copy in `dtype` for its wide products, if all the
+    copies together take at most WIDE_COPY_BYTES and a quarter of the RAM available; returns their
+    bytes (0: none made). Dequantized slices run a batch of 16 decode rows at about half the packed
+    copy's speed, so a small model keeps both: its codes for decode steps of a row or a few, the
+    copy for wider ones. A large model's copy would be several times the file; it keeps the codes only."""
+    weights = [p for m in model.modules() if isinstance(m, BlockLinear) for p in m.parts]
+    output = getattr(model, "output_weight", None)
+    if output is not None and not isinstance(output, torch.Tensor) and all(output is not w for w in weights):
+        weights.append(output)
+    weights = [w for w in weights if not isinstance(w, DenseBlocks) and not getattr(w, "wide_itself", False)]
+    total = sum(w.shape[0] * w.shape[1] * torch.finfo(dtype).bits // 8 for w in weights)
+    if not weights or total > min(WIDE_COPY_BYTES, available_bytes // 4) or not packing_supported(dtype):
+        return 0
+    for weight in weights:
+        weight.wide_copy = linear_kernel(weight.dequantize(0, weight.shape[0], dtype), None, packed=True)  # type: ignore[attr-defined]
+    logger.info("gguf: packed %s copies of the weights for wide products (%.2f GiB; a small model)",
+                str(dtype).removeprefix("torch."), total / 2**30)
+    return total
 
 
 class BlockLinear(nn.Module):

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from kernels.cpu_ops import ops as cpu_ops
-from runtime.cpu.block_linear import BlockOutputLayer
+from runtime.cpu.block_linear import BlockOutputLayer, add_wide_copies
 from runtime.cpu.dual_linear import use_dual_linears
 from runtime.cpu.int4_linear import fits_int4, int4_kernel, quantize_linears_int4
 from runtime.cpu.int8_linear import int8_kernel, quantize_linears
@@ -100,6 +100,7 @@ def prepare(model: nn.Module, precision: Precision, quantization: str | None,
     if not isinstance(weight, torch.Tensor):  # the output layer too is served from the file's codes
         if packed:
             pack_linears(model, dtype)
+        add_wide_copies(model, dtype, host_available_bytes())  # a small model's wide products from packed copies
         return BlockOutputLayer()
     if quantization == "int8":  # opt-in: int8 weights for few rows, packed bf16 for more
         quantize_linears(model, packed)

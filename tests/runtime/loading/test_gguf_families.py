@@ -50,6 +50,7 @@ def test_a_quantized_gguf_is_served_from_its_codes_as_its_dequantized_weights(fa
     those weights; the converted folder holds no dequantized copy of them."""
     from gguf import GGMLQuantizationType
 
+    from runtime.cpu import block_linear
     from runtime.cpu.block_experts import BlockExperts
     from runtime.cpu.block_linear import BlockLinear
 
@@ -64,15 +65,18 @@ def test_a_quantized_gguf_is_served_from_its_codes_as_its_dequantized_weights(fa
     prompts = shared_prefix_prompts()[:4]
     params = {"max_new_tokens": STEPS, "temperature": 0, "ignore_eos": True}
     outputs = {}
-    for quantization in ("gguf", "none"):
+    # gguf twice: wide products from packed copies (a small model's) and from dequantized slices
+    for way in ("gguf", "gguf slices", "none"):
+        quantization = way.split()[0]
+        monkeypatch.setattr(block_linear, "WIDE_COPY_BYTES", 0 if way == "gguf slices" else 1 << 30)
         with Engine(model=str(gguf), dtype="float32", kv_cache_tokens=512, quantization=quantization) as engine:
-            outputs[quantization] = [o.token_ids for o in engine.generate(input_ids=prompts, sampling_params=params)]
+            outputs[way] = [o.token_ids for o in engine.generate(input_ids=prompts, sampling_params=params)]
             assert_slots_balanced(engine)
             if quantization == "gguf":
                 modules = list(engine.runner.model.modules())
                 assert any(isinstance(m, BlockLinear) for m in modules)
                 assert any(isinstance(m, BlockExperts) for m in modules) == ("moe" in family)
-    assert outputs["gguf"] == outputs["none"]
+    assert outputs["gguf"] == outputs["gguf slices"] == outputs["none"]
 
 
 def test_a_split_gguf_serves_from_its_first_part_as_the_whole_file(tmp_path: Path,
