@@ -6,7 +6,9 @@ For `benchmarks/real_shapes.py`:
   layer), expert tensors at experts_used / expert_count of their size (the routed experts only).
   The KV cache read (short contexts here) is left out.
 - `stream_bandwidth()`: a copy of 512 MiB by torch on every core (best of five), counted as bytes
-  read + written per second (STREAM's "copy"), and a read-only sum of the same buffer.
+  read + written per second (STREAM's "copy"; the write-allocate reads are not counted, so it
+  understates the traffic), a read-only sum of the same buffer, and a float32 matrix-vector
+  product over 512 MiB of matrix (the read a decode step does).
 - `peak_rss(pid)`: VmHWM (the kernel's high-water mark of resident memory) of the process and any
   children it has.
 """
@@ -49,7 +51,15 @@ def stream_bandwidth(mib: int = 512, repeats: int = 5) -> dict[str, float]:
         float(source.sum())
         read.append(time.perf_counter() - start)
     size = count * 4
+    matrix = source.view(8192, -1)
+    vector = torch.ones(matrix.shape[1])
+    gemv = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mv(matrix, vector)
+        gemv.append(time.perf_counter() - start)
     return {"copy_gb_s": 2 * size / min(copy) / 1e9, "read_gb_s": size / min(read) / 1e9,
+            "gemv_read_gb_s": size / min(gemv) / 1e9,
             "buffer_mib": mib, "threads": torch.get_num_threads()}
 
 
