@@ -121,6 +121,20 @@ def test_proc_stat_busy_time_reads_and_grows():
     assert busy_seconds(cpus) > first
 
 
+def test_a_niced_neighbour_is_not_contention_unless_we_are_niced_too(tmp_path):
+    """/proc/stat's nice ticks are a niced process's: it yields its core to us at once, so they are
+    not another process's load; where we run niced ourselves, our own time is there and counts."""
+    import os
+
+    stat = tmp_path / "stat"
+    hz = os.sysconf("SC_CLK_TCK")
+    #                 user nice system idle iowait irq softirq steal
+    stat.write_text(f"cpu  0 0 0 0 0 0 0 0\ncpu0 {hz} {5 * hz} 0 100 0 0 0 0\ncpu1 {hz} 0 {hz} 100 0 0 0 0\n")
+    assert busy_seconds((0, 1), stat, niced=False) == 3.0
+    assert busy_seconds((0, 1), stat, niced=True) == 8.0
+    assert busy_seconds((1,), stat, niced=True) == 2.0
+
+
 def test_governor_sees_a_real_busy_neighbour():
     cpus = allowed_cpus()
     if len(cpus) < 2:
