@@ -3,7 +3,7 @@
 Rows: random-weight GGUFs with the layer shapes of Llama-3.2-1B, Qwen2.5-7B and Qwen3-30B-A3B
 (benchmarks/shapes_gguf.py writes them, llama.cpp's own quantizer makes them Q4_K_M; `--rows`
 says how many layers each gets), and the real weights of the built-in Qwen2.5-Coder-1.5B-Instruct
-(its GGUF joined from the `coder-1.5b` extra's parts, SHA-256 checked). For each row, each system
+(its GGUF joined from the `coder-model` extra's parts, SHA-256 checked). For each row, each system
 is started alone as an OpenAI-compatible server on 127.0.0.1 on THE SAME FILE, measured and
 stopped: radixserve (`python -m server --model FILE.gguf`, this checkout) and llama.cpp
 (`llama-cpp-python[server]`, the peer venv of benchmarks/peers.py), both with a 4,096-token KV
