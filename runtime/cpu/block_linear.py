@@ -26,7 +26,7 @@ from torch import nn
 from runtime.cpu.block_weights import FEW_ROWS, BlockWeight, DenseBlocks, block_weight
 from runtime.cpu.kernel_linear import linear_kernel, packing_supported
 from runtime.layers.output_layer import OutputLayer
-from runtime.loading.gguf_groups import Int4Groups
+from runtime.loading.gguf_groups import Int4Groups, PackedInt4Groups
 from runtime.loading.gguf_int8_groups import Int8Groups
 from runtime.models.weights import FUSED_FROM
 
@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 WIDE_COPY_BYTES = 1 << 30  # a small model's packed copies for wide products, at most (add_wide_copies)
 WIDE_ROWS = FEW_ROWS  # past one pass of the kernels (8 rows), dequantized slices and torch's GEMM (measured)
 SLICE_ELEMENTS = 1 << 22  # weights dequantized at a time for a wide product (8 MB in bf16)
-Groups = Int4Groups | Int8Groups
+Groups = Int4Groups | PackedInt4Groups | Int8Groups
 
 
 def few_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
@@ -144,6 +144,8 @@ def merge_parts(parts: list[Groups | torch.Tensor]) -> list[Groups | torch.Tenso
         last = merged[-1] if merged else None
         if isinstance(last, Int4Groups) and isinstance(part, Int4Groups):
             merged[-1] = Int4Groups.concat([last, part])
+        elif isinstance(last, PackedInt4Groups) and isinstance(part, PackedInt4Groups):
+            merged[-1] = PackedInt4Groups.concat([last, part])
         elif isinstance(last, Int8Groups) and isinstance(part, Int8Groups) and last.group == part.group \
                 and last.scales.dtype == part.scales.dtype:
             merged[-1] = Int8Groups.concat([last, part])  # type: ignore[assignment]

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from kernels.cpu_ops import ops
 from runtime.cpu.int4_linear import ONE_ROW_BLOCK, pack_blocks
 from runtime.loading.gguf_groups import GROUP as INT4_GROUP
-from runtime.loading.gguf_groups import Int4Groups
+from runtime.loading.gguf_groups import Int4Groups, PackedInt4Groups
 from runtime.loading.gguf_int8_groups import Int8Groups
 
 FEW_ROWS = 8  # the most rows one call of the group and int4 kernels takes
@@ -80,10 +80,13 @@ class Int4Blocks:
     wide_itself = False
     row_multiple = 4  # dequantize() takes whole quads
 
-    def __init__(self, groups: Int4Groups) -> None:
+    def __init__(self, groups: Int4Groups | PackedInt4Groups) -> None:
         n, k = groups.shape
         self.shape = (n, k)
-        self.packed = pack_blocks(groups.q)
+        if isinstance(groups, PackedInt4Groups):  # as stored: one pass in C++
+            self.packed = ops().repack_int4_nibbles(groups.nibbles.contiguous())  # type: ignore[union-attr]
+        else:
+            self.packed = pack_blocks(groups.q)
         # float16 where that is exact (Q4_0, Q4_1: the block's own f16 numbers), else float32
         # (Q4_K's are d times a 6-bit scale, up to 17 bits: float16 moved the default model's
         # logits by up to 0.14)
@@ -182,11 +185,16 @@ def _nbytes(*tensors: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def block_weight(groups: Int4Groups | Int8Groups | torch.Tensor, dtype: torch.dtype, need_rows: bool = False) -> BlockWeight:
+def block_weight(groups: Int4Groups | PackedInt4Groups | Int8Groups | torch.Tensor, dtype: torch.dtype,
+                 need_rows: bool = False) -> BlockWeight:
     """The kind that serves `groups` on this CPU: the codes as shipped where a kernel reads them,
     else the dequantized weight. `need_rows`: the weight is also looked up by row (an embedding)."""
     if isinstance(groups, Int8Groups) and groups.group in (16, 32):
         return Int8Blocks(groups)
+    if isinstance(groups, PackedInt4Groups):
+        if Int4Blocks.fits(groups.shape):
+            return Int4Blocks(groups)
+        groups = groups.unpacked()
     if isinstance(groups, Int4Groups):
         if Int4Blocks.fits(groups.shape):
             return Int4Blocks(groups)

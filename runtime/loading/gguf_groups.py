@@ -60,6 +60,33 @@ class Int4Groups:
                           torch.cat([p.lows for p in parts]))
 
 
+@dataclass(frozen=True)
+class PackedInt4Groups:
+    """Int4Groups as stored, two codes a byte (code 2j in byte j's low nibble, 2j + 1 in its high
+    one): what the loader reads, half the bytes of the unpacked codes; runtime/cpu/block_weights.py
+    repacks it for its kernel in one pass."""
+
+    nibbles: torch.Tensor  # uint8 [N, K / 2]
+    scales: torch.Tensor  # float32 [N, K // 32]
+    lows: torch.Tensor  # float32 [N, K // 32]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.nibbles.shape[0], self.nibbles.shape[1] * 2)
+
+    def unpacked(self) -> Int4Groups:
+        q = torch.stack([self.nibbles & 0x0F, self.nibbles >> 4], dim=-1).reshape(self.nibbles.shape[0], -1)
+        return Int4Groups(q, self.scales, self.lows)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.unpacked().dequantize()
+
+    @staticmethod
+    def concat(parts: list[PackedInt4Groups]) -> PackedInt4Groups:
+        return PackedInt4Groups(torch.cat([p.nibbles for p in parts]), torch.cat([p.scales for p in parts]),
+                                torch.cat([p.lows for p in parts]))
+
+
 def _nibbles(qs: np.ndarray, half: int) -> np.ndarray:
     """[blocks, chunks * half] bytes -> [blocks, chunks * 2 * half] codes: each chunk's `half`
     bytes hold its first `half` codes in their low nibbles and the next `half` in the high ones."""

@@ -14,11 +14,11 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from runtime.loading.gguf_groups import INT4_GROUPS_FILE, Int4Groups
+from runtime.loading.gguf_groups import INT4_GROUPS_FILE, PackedInt4Groups
 from runtime.loading.gguf_int8_groups import INT8_GROUPS_FILE, Int8Groups
 
 
-class KeptGroups(Mapping[str, Int4Groups | Int8Groups]):
+class KeptGroups(Mapping[str, PackedInt4Groups | Int8Groups]):
     """Hugging Face weight name -> its groups, from whichever of the two files holds it."""
 
     def __init__(self, folder: Path) -> None:
@@ -32,13 +32,12 @@ class KeptGroups(Mapping[str, Int4Groups | Int8Groups]):
                 for key in handle.keys():
                     self._where.setdefault(key.rsplit(":", 1)[0], file_name)
 
-    def __getitem__(self, name: str) -> Int4Groups | Int8Groups:
+    def __getitem__(self, name: str) -> PackedInt4Groups | Int8Groups:
         file_name = self._where[name]
         handle = self._handles[file_name]
-        if file_name == INT4_GROUPS_FILE:
-            packed = handle.get_tensor(f"{name}:q")  # two codes a byte, low nibble first
-            q = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
-            return Int4Groups(q, handle.get_tensor(f"{name}:scales"), handle.get_tensor(f"{name}:lows"))
+        if file_name == INT4_GROUPS_FILE:  # two codes a byte, as stored
+            return PackedInt4Groups(handle.get_tensor(f"{name}:q"), handle.get_tensor(f"{name}:scales"),
+                                    handle.get_tensor(f"{name}:lows"))
         return Int8Groups(handle.get_tensor(f"{name}:codes"), handle.get_tensor(f"{name}:scales"))
 
     def __iter__(self) -> Iterator[str]:

@@ -41,6 +41,9 @@ OLLAMA_PREFIX = "ollama:"
 OLLAMA_REGISTRY = "registry.ollama.ai"
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 # What a user's GGUF converts with: its own chat template, no generation defaults of ours.
+# What a user's GGUF converts into; part of the cache key, so a folder an older converter wrote is
+# converted again, never served (2: the quantized tensors as codes only, experts and Llama's q/k included).
+FORMAT = "radixserve-gguf-2"
 USER_GGUF = BuiltinModel(name="", aliases=(), title="", parts=(), sha256="", install_hint="")
 
 
@@ -80,7 +83,7 @@ def gguf_model_dir(path: Path) -> Path:
     """The converted folder of a GGUF file (or of a split GGUF's first part), converting it on first use."""
     path = path.resolve()
     parts = split_parts(path)
-    stamp = "\0".join(f"{p}\0{p.stat().st_size}\0{p.stat().st_mtime_ns}" for p in parts)
+    stamp = "\0".join([FORMAT, *(f"{p}\0{p.stat().st_size}\0{p.stat().st_mtime_ns}" for p in parts)])
     key = hashlib.sha256(stamp.encode()).hexdigest()[:16]
     folder = radixserve_home() / "models" / "gguf" / f"{path.stem}-{key}"
     if folder.exists():

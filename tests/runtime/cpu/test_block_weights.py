@@ -114,3 +114,19 @@ def test_a_width_no_kernel_takes_is_served_dequantized() -> None:
     odd = Int4Groups(torch.randint(0, 16, (6, 64), dtype=torch.uint8), torch.rand(6, 2), torch.rand(6, 2))
     served = block_weight(odd, torch.float32)
     assert isinstance(served, DenseBlocks) and torch.equal(served.weight, odd.dequantize())
+
+
+def test_codes_as_stored_repack_to_the_kernels_layout_in_one_pass() -> None:
+    """The loader's nibbles (two codes a byte, as the converter stores them) give the same layout,
+    products and rows as the unpacked codes; where no kernel takes them, the unpacked codes serve."""
+    from runtime.loading.gguf_groups import PackedInt4Groups
+
+    groups = int4_groups(half=False)
+    stored = PackedInt4Groups(groups.q[:, 0::2] | (groups.q[:, 1::2] << 4), groups.scales, groups.lows)
+    assert torch.equal(stored.unpacked().q, groups.q) and torch.equal(stored.dequantize(), groups.dequantize())
+    served = block_weight(stored, torch.float32)
+    if Int4Blocks.fits((N, K)):
+        assert isinstance(served, Int4Blocks) and torch.equal(served.packed, Int4Blocks(groups).packed)
+    x = torch.randn(3, K)
+    want = x @ groups.dequantize().t()
+    assert (block_product(served, x) - want).norm() <= 1e-2 * want.norm()
