@@ -8,6 +8,7 @@ tensor only when asked, so loading a large model never holds more than one tenso
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -17,11 +18,16 @@ from safetensors import safe_open
 from runtime.loading.gguf_groups import INT4_GROUPS_FILE, PackedInt4Groups
 from runtime.loading.gguf_int8_groups import INT8_GROUPS_FILE, Int8Groups
 
+SAFETENSORS_DTYPES = {"U8": torch.uint8, "I8": torch.int8, "F16": torch.float16, "F32": torch.float32,
+                      "BF16": torch.bfloat16}
+
 
 class KeptGroups(Mapping[str, PackedInt4Groups | Int8Groups]):
     """Hugging Face weight name -> its groups, from whichever of the two files holds it."""
 
     def __init__(self, folder: Path) -> None:
+        self._folder = folder
+        self._int4_index: tuple[int, dict] | None = None
         self._handles = {}
         self._where: dict[str, str] = {}
         for file_name in (INT4_GROUPS_FILE, INT8_GROUPS_FILE):
@@ -35,10 +41,27 @@ class KeptGroups(Mapping[str, PackedInt4Groups | Int8Groups]):
     def __getitem__(self, name: str) -> PackedInt4Groups | Int8Groups:
         file_name = self._where[name]
         handle = self._handles[file_name]
-        if file_name == INT4_GROUPS_FILE:  # two codes a byte, as stored
-            return PackedInt4Groups(handle.get_tensor(f"{name}:q"), handle.get_tensor(f"{name}:scales"),
-                                    handle.get_tensor(f"{name}:lows"))
+        if file_name == INT4_GROUPS_FILE:  # two codes a byte, as stored; read, not mapped (below)
+            return PackedInt4Groups(*(self._read(f"{name}:{part}") for part in ("q", "scales", "lows")))
         return Int8Groups(handle.get_tensor(f"{name}:codes"), handle.get_tensor(f"{name}:scales"))
+
+    def _read(self, key: str) -> torch.Tensor:
+        """A tensor of the 4-bit file read into memory of its own. The loader repacks these codes
+        and drops them; read through safetensors' memory map, every page read stayed mapped (and in
+        the RSS) until the file was closed, doubling a 7B model's peak while it loaded."""
+        if self._int4_index is None:
+            path = self._folder / INT4_GROUPS_FILE
+            with open(path, "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                self._int4_index = (8 + size, json.loads(f.read(size)))
+        start, header = self._int4_index
+        entry = header[key]
+        begin, end = entry["data_offsets"]
+        out = torch.empty(end - begin, dtype=torch.uint8)
+        with open(self._folder / INT4_GROUPS_FILE, "rb") as f:
+            f.seek(start + begin)
+            f.readinto(out.numpy())
+        return out.view(SAFETENSORS_DTYPES[entry["dtype"]]).reshape(entry["shape"])
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)
