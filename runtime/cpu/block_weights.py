@@ -200,7 +200,8 @@ def block_weight(groups: Int4Groups | PackedInt4Groups | Int8Groups | torch.Tens
     if isinstance(groups, Int4Groups):
         if Int4Blocks.fits(groups.shape):
             return Int4Blocks(groups)
-        if not need_rows and TorchInt4Blocks.fits(groups.shape):
+        # torch's int4 kernel takes bf16 activations: with float32 ones the layer stays the fp32 model's
+        if not need_rows and dtype == torch.bfloat16 and TorchInt4Blocks.fits(groups.shape):
             return TorchInt4Blocks(groups)
     weight = groups.dequantize() if isinstance(groups, (Int4Groups, Int8Groups)) else groups
     return DenseBlocks(weight.to(dtype))
