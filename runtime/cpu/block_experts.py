@@ -11,7 +11,7 @@ so a 30B mixture with 3B active weights reads about 3B weights' codes a token.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -40,8 +40,7 @@ class BlockExperts(nn.Module):
         return sum(layer.nbytes() for layer in (*self.gate_up, *self.down))
 
 
-def swap_in_block_experts(model: nn.Module, groups: Mapping[str, Groups], dense: Callable[[str], torch.Tensor],
-                          dtype: torch.dtype) -> set[str]:
+def swap_in_block_experts(model: nn.Module, groups: Mapping[str, Groups], dtype: torch.dtype) -> set[str]:
     """Put BlockExperts in place of every StackedExperts whose experts the file ships quantized
     (every projection of every expert kept as codes); returns the per-expert names now served."""
     covered: set[str] = set()
@@ -60,5 +59,4 @@ def swap_in_block_experts(model: nn.Module, groups: Mapping[str, Groups], dense:
                 down.append(BlockLinear([block_weight(groups[down_name], dtype)], None))
                 covered.update((gate, up, down_name))
             setattr(parent, attr, BlockExperts(child, gate_up, down))
-    del dense  # experts the file ships unquantized stay stacked tensors
-    return covered
+    return covered  # experts the file ships unquantized stay stacked tensors

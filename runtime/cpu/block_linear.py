@@ -182,7 +182,7 @@ def swap_in_blocks(model: nn.Module, groups: Mapping[str, Groups], dense: Callab
         covered.add(output_name)
     from runtime.cpu.block_experts import swap_in_block_experts  # it builds on this file's layers
 
-    covered |= swap_in_block_experts(model, groups, dense, dtype)
+    covered |= swap_in_block_experts(model, groups, dtype)
     served = [m for m in model.modules() if isinstance(m, (BlockLinear, BlockEmbedding))]
     dense_parts = sum(isinstance(p, DenseBlocks) for m in served if isinstance(m, BlockLinear) for p in m.parts)
     logger.info("gguf: %d layers served from the file's codes (%.2f GiB), %d parts of them dequantized",
