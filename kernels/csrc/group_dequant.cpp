@@ -5,11 +5,11 @@
 // the GEMM on the default model's output layer.
 //
 // Two layouts, those of the few-row kernels that read the same weights (no second copy):
-// - int8 groups (group_gemv.cpp): codes int8 [N, K], scales float16 or float32 [N, K / group];
-//   w = scale * code.
+// - int8 groups (group_gemv.cpp): codes int8 [N, K], scales [N, K / group] in one of
+//   group_scales.h's forms; w = scale * code.
 // - int4 blocks (int4_gemv.cpp): [N, K / 2] uint8, rows in quads, blocks of 128 codes as 32
 //   16-bit words (word j holds codes j, 32 + j, 64 + j, 96 + j in nibbles 0..3); scales and lows
-//   float16 or float32 [N, K / 32]; w = scale * q + low.
+//   [N, K / 32] in one of group_scales.h's forms; w = scale * q + low.
 // Every weight is computed in float32 and rounded once to the output dtype, as a float32
 // dequantization followed by a cast would be.
 
@@ -19,10 +19,13 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "group_scales.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -44,15 +47,18 @@ inline void store(const float* w, int64_t count, O* out) {
   }
 }
 
-template <typename S, typename O>
-void int8_rows(const int8_t* codes, const S* scales, int64_t k, int64_t group, int64_t begin, int64_t end, O* out) {
+template <typename O>
+void int8_rows(const int8_t* codes, const radixserve::GroupScales& scales, int64_t k, int64_t group, int64_t begin,
+               int64_t end, O* out) {
   const int64_t groups = k / group;
+  std::vector<float> row_scales(groups);
   for (int64_t n = begin; n < end; ++n) {
     const int8_t* c = codes + n * k;
     O* o = out + n * k;
     float w[32];
+    scales.expand(n, 1, row_scales.data());
     for (int64_t g = 0; g < groups; ++g) {
-      const float s = static_cast<float>(scales[n * groups + g]);
+      const float s = row_scales[g];
       const int8_t* cg = c + g * group;
 #pragma omp simd
       for (int64_t i = 0; i < group; ++i) w[i] = s * static_cast<float>(cg[i]);
@@ -63,17 +69,22 @@ void int8_rows(const int8_t* codes, const S* scales, int64_t k, int64_t group, i
 
 // Multiply, then add, each rounded (no fused multiply-add): the weights are then bitwise those of a
 // float32 dequantization (gguf's, torch's).
-template <typename S, typename O>
-__attribute__((optimize("fp-contract=off"))) void int4_rows(const int16_t* words, const S* scales, const S* lows, int64_t k, int64_t begin, int64_t end, O* out) {
+template <typename O>
+__attribute__((optimize("fp-contract=off"))) void int4_rows(const int16_t* words, const radixserve::GroupScales& scales,
+                                                            const radixserve::GroupScales& lows, int64_t k,
+                                                            int64_t begin, int64_t end, O* out) {
   const int64_t blocks = k / 128, groups = k / 32;
+  std::vector<float> row_scales(groups), row_lows(groups);
   for (int64_t n = begin; n < end; ++n) {
     const int64_t quad = n / 4, r = n % 4;
     O* o = out + n * k;
+    scales.expand(n, 1, row_scales.data());
+    lows.expand(n, 1, row_lows.data());
     for (int64_t b = 0; b < blocks; ++b) {
       const int16_t* w = words + ((quad * blocks + b) * 4 + r) * 32;
       for (int t = 0; t < 4; ++t) {
-        const float s = static_cast<float>(scales[n * groups + b * 4 + t]);
-        const float l = static_cast<float>(lows[n * groups + b * 4 + t]);
+        const float s = row_scales[b * 4 + t];
+        const float l = row_lows[b * 4 + t];
         float v[32];
 #pragma omp simd
         for (int j = 0; j < 32; ++j) v[j] = s * static_cast<float>((static_cast<uint16_t>(w[j]) >> (4 * t)) & 15) + l;
@@ -84,26 +95,21 @@ __attribute__((optimize("fp-contract=off"))) void int4_rows(const int16_t* words
 }
 
 // codes [N, K] int8, scales [N, K / group] -> [N, K] in `dtype` (float32 or bfloat16).
-at::Tensor dequant_int8_groups(const at::Tensor& codes, const at::Tensor& scales, int64_t group, at::ScalarType dtype) {
+at::Tensor dequant_int8_groups(const at::Tensor& codes, const at::Tensor& scales, int64_t group, at::ScalarType dtype,
+                               const std::optional<at::Tensor>& scale_steps) {
   TORCH_CHECK(codes.dim() == 2 && codes.is_contiguous() && codes.scalar_type() == at::kChar,
               "dequant_int8_groups: codes are contiguous int8 [N, K]");
   TORCH_CHECK((group == 16 || group == 32) && codes.size(1) % group == 0,
               "dequant_int8_groups: the group is 16 or 32 and K a multiple of it");
-  TORCH_CHECK(scales.is_contiguous() && scales.dim() == 2 && scales.size(0) == codes.size(0) &&
-                  scales.size(1) == codes.size(1) / group &&
-                  (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat),
-              "dequant_int8_groups: scales are float16 or float32 [N, K / group]");
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "dequant_int8_groups: float32 or bfloat16 out");
   const int64_t n = codes.size(0), k = codes.size(1);
+  const auto sg = radixserve::GroupScales::of(scales, scale_steps, n, k / group, "dequant_int8_groups");
   at::Tensor out = at::empty({n, k}, codes.options().dtype(dtype));
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / k);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, dtype, "dequant_int8_groups", [&] {
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-      if (scales.scalar_type() == at::kHalf)
-        int8_rows(codes.data_ptr<int8_t>(), scales.data_ptr<c10::Half>(), k, group, begin, end, op);
-      else
-        int8_rows(codes.data_ptr<int8_t>(), scales.data_ptr<float>(), k, group, begin, end, op);
+      int8_rows(codes.data_ptr<int8_t>(), sg, k, group, begin, end, op);
     });
   });
   return out;
@@ -112,28 +118,21 @@ at::Tensor dequant_int8_groups(const at::Tensor& codes, const at::Tensor& scales
 // packed [N, K / 2] (int4_gemv.cpp's layout, N a multiple of 4), scales and lows float16 [N, K / 32]
 // -> [N, K] in `dtype`.
 at::Tensor dequant_int4_blocks(const at::Tensor& packed, const at::Tensor& scales, const at::Tensor& lows,
-                               at::ScalarType dtype) {
+                               at::ScalarType dtype, const std::optional<at::Tensor>& scale_steps,
+                               const std::optional<at::Tensor>& low_steps) {
   TORCH_CHECK(packed.dim() == 2 && packed.is_contiguous() && packed.scalar_type() == at::kByte &&
                   packed.size(0) % 4 == 0 && (packed.size(1) * 2) % 128 == 0,
               "dequant_int4_blocks: codes are contiguous uint8 [N, K / 2], N a multiple of 4, K of 128");
   const int64_t n = packed.size(0), k = packed.size(1) * 2;
-  for (const at::Tensor* t : {&scales, &lows})
-    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == scales.scalar_type() &&
-                    (t->scalar_type() == at::kHalf || t->scalar_type() == at::kFloat) && t->dim() == 2 &&
-                    t->size(0) == n && t->size(1) == k / 32,
-                "dequant_int4_blocks: scales and lows are float16 or float32 (both the same) [N, K / 32]");
+  const auto sg = radixserve::GroupScales::of(scales, scale_steps, n, k / 32, "dequant_int4_blocks");
+  const auto lg = radixserve::GroupScales::of(lows, low_steps, n, k / 32, "dequant_int4_blocks lows");
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "dequant_int4_blocks: float32 or bfloat16 out");
   at::Tensor out = at::empty({n, k}, packed.options().dtype(dtype));
   const int16_t* words = reinterpret_cast<const int16_t*>(packed.data_ptr<uint8_t>());
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 16) / k);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, dtype, "dequant_int4_blocks", [&] {
     scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-      if (scales.scalar_type() == at::kHalf)
-        int4_rows(words, scales.data_ptr<c10::Half>(), lows.data_ptr<c10::Half>(), k, begin, end, op);
-      else
-        int4_rows(words, scales.data_ptr<float>(), lows.data_ptr<float>(), k, begin, end, op);
-    });
+    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { int4_rows(words, sg, lg, k, begin, end, op); });
   });
   return out;
 }
@@ -174,7 +173,9 @@ at::Tensor repack_int4_nibbles(const at::Tensor& nibbles) {
 
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.def("repack_int4_nibbles(Tensor nibbles) -> Tensor", repack_int4_nibbles);
-  m.def("dequant_int8_groups(Tensor codes, Tensor scales, int group, ScalarType dtype) -> Tensor", dequant_int8_groups);
-  m.def("dequant_int4_blocks(Tensor packed, Tensor scales, Tensor lows, ScalarType dtype) -> Tensor",
+  m.def("dequant_int8_groups(Tensor codes, Tensor scales, int group, ScalarType dtype, Tensor? scale_steps=None) -> Tensor",
+        dequant_int8_groups);
+  m.def("dequant_int4_blocks(Tensor packed, Tensor scales, Tensor lows, ScalarType dtype, Tensor? scale_steps=None, "
+        "Tensor? low_steps=None) -> Tensor",
         dequant_int4_blocks);
 }

@@ -1,13 +1,14 @@
 // Few-row products with 8-bit group-quantized weights: a GGUF's Q8_0, Q5_0 and Q6_K tensors served
 // as shipped (runtime/loading/gguf_int8_groups.py keeps their codes and per-group scales; runtime/cpu/
-// gguf_linear.py calls this). A one-stream decode step only streams the weights, so reading one
+// block_weights.py calls this). A one-stream decode step only streams the weights, so reading one
 // byte a weight instead of bf16's two is the step's speed; the default model's output layer
 // alone is 168M weights.
 //
 // Weights: signed codes int8 [N, K] and scales [N, K / group], w[n, k] = scales[n, k / group] *
 // codes[n, k], group 16 or 32 (Q6_K's sub-blocks, Q8_0's and Q5_0's blocks). Scales are float16
 // where the format's are (Q8_0, Q5_0: a sixteenth of a byte a weight instead of an eighth, 6% of
-// the output layer's bytes), else float32 (Q6_K's are d * an 8-bit scale).
+// the output layer's bytes); Q6_K's are d * an 8-bit scale, held as int8 codes times a float32
+// step per super-block (group_scales.h: 8.6 bits a weight instead of 10 with float32 scales).
 // Activations stay as they come (float32 or bf16, taken to float32); each group's sum of code x
 // activation is formed in float32 and scaled once. So the product is of the exact shipped weights
 // with the exact activations, up to the order of float sums: closer to the checkpoint than bf16
@@ -21,6 +22,7 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "group_scales.h"
 #include "row_count.h"
 
 #if defined(__AVX512F__)
@@ -37,34 +39,59 @@
 #include <cstdint>
 #include <vector>
 
+// Full unrolling of the loops over activation rows and accumulators, so they live in registers.
+#define RADIXSERVE_GROUP_UNROLL _Pragma("GCC unroll 8")
+
 namespace {
 
 constexpr int64_t kMaxRows = 8;  // rows read with one pass over the weights
 
 // Weight rows [begin, end) against M float activation rows x [M, k], into out[m * n + j]
 // (rounded once, to the activations' dtype O).
-template <int M, typename S, typename O>
-void dot_rows(const int8_t* w, const S* scales, int64_t n, int64_t k, int64_t group, int64_t begin, int64_t end,
-              const float* x, O* out) {
+template <int M, typename O>
+void dot_rows(const int8_t* w, const radixserve::GroupScales& scales, int64_t n, int64_t k, int64_t group,
+              int64_t begin, int64_t end, const float* x, O* out) {
   const int64_t groups = k / group;
+  std::vector<float> row_scales(groups);
+  const float* sj = row_scales.data();
   for (int64_t j = begin; j < end; ++j) {
     const int8_t* wj = w + j * k;
-    const S* sj = scales + j * groups;
+    scales.expand(j, 1, row_scales.data());
 #if RADIXSERVE_GROUP_SIMD == 512
-    __m512 acc[M];
-    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < groups; ++g) {
+    // A accumulators a row, taking the groups in turn: one would make every group wait on the
+    // last one's multiply-add (4 cycles for 16 weights); few activation rows have registers to spare
+    constexpr int A = M <= 2 ? 4 : 2;
+    __m512 acc[A][M];
+    RADIXSERVE_GROUP_UNROLL
+    for (int a = 0; a < A; ++a)
+      RADIXSERVE_GROUP_UNROLL
+      for (int m = 0; m < M; ++m) acc[a][m] = _mm512_setzero_ps();
+    const auto one_group = [&](int64_t g, __m512 (&into)[M]) {
       __m512 part[M];
+      RADIXSERVE_GROUP_UNROLL
       for (int m = 0; m < M; ++m) part[m] = _mm512_setzero_ps();
       for (int64_t i = g * group; i < (g + 1) * group; i += 16) {
         const __m512 wv =
             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wj + i))));
+        RADIXSERVE_GROUP_UNROLL
         for (int m = 0; m < M; ++m) part[m] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + m * k + i), part[m]);
       }
-      const __m512 scale = _mm512_set1_ps(static_cast<float>(sj[g]));
-      for (int m = 0; m < M; ++m) acc[m] = _mm512_fmadd_ps(part[m], scale, acc[m]);
+      const __m512 scale = _mm512_set1_ps(sj[g]);
+      RADIXSERVE_GROUP_UNROLL
+      for (int m = 0; m < M; ++m) into[m] = _mm512_fmadd_ps(part[m], scale, into[m]);
+    };
+    int64_t g = 0;
+    for (; g + A <= groups; g += A)
+      RADIXSERVE_GROUP_UNROLL
+      for (int a = 0; a < A; ++a) one_group(g + a, acc[a]);
+    for (; g < groups; ++g) one_group(g, acc[0]);
+    RADIXSERVE_GROUP_UNROLL
+    for (int m = 0; m < M; ++m) {
+      __m512 sum = acc[0][m];
+      RADIXSERVE_GROUP_UNROLL
+      for (int a = 1; a < A; ++a) sum = _mm512_add_ps(sum, acc[a][m]);
+      out[m * n + j] = static_cast<O>(_mm512_reduce_add_ps(sum));
     }
-    for (int m = 0; m < M; ++m) out[m * n + j] = static_cast<O>(_mm512_reduce_add_ps(acc[m]));
 #elif RADIXSERVE_GROUP_SIMD == 256
     __m256 acc[M];
     for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
@@ -76,7 +103,7 @@ void dot_rows(const int8_t* w, const S* scales, int64_t n, int64_t k, int64_t gr
             _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wj + i))));
         for (int m = 0; m < M; ++m) part[m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * k + i), part[m]);
       }
-      const __m256 scale = _mm256_set1_ps(static_cast<float>(sj[g]));
+      const __m256 scale = _mm256_set1_ps(sj[g]);
       for (int m = 0; m < M; ++m) acc[m] = _mm256_fmadd_ps(part[m], scale, acc[m]);
     }
     for (int m = 0; m < M; ++m) {
@@ -92,7 +119,7 @@ void dot_rows(const int8_t* w, const S* scales, int64_t n, int64_t k, int64_t gr
         float part = 0.f;
 #pragma omp simd reduction(+ : part)
         for (int64_t i = g * group; i < (g + 1) * group; ++i) part += static_cast<float>(wj[i]) * xm[i];
-        acc += part * static_cast<float>(sj[g]);
+        acc += part * sj[g];
       }
       out[m * n + j] = static_cast<O>(acc);
     }
@@ -100,23 +127,23 @@ void dot_rows(const int8_t* w, const S* scales, int64_t n, int64_t k, int64_t gr
   }
 }
 
-void check(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, int64_t group) {
+void check(const at::Tensor& x, const at::Tensor& w, int64_t group) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "group_gemv: x is a CPU [rows, K] float32 or bfloat16 tensor");
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kChar && w.size(1) == x.size(1),
               "group_gemv: codes are contiguous int8 [N, K] with K = x's width");
   TORCH_CHECK(group == 16 || group == 32, "group_gemv: group is 16 or 32");
   TORCH_CHECK(w.size(1) % group == 0, "group_gemv: K is a multiple of the group");
-  TORCH_CHECK(scales.is_contiguous() && (scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kHalf) &&
-                  scales.dim() == 2 && scales.size(0) == w.size(0) && scales.size(1) == w.size(1) / group,
-              "group_gemv: scales are float32 or float16 [N, K / group]");
   TORCH_CHECK(x.size(0) <= kMaxRows, "group_gemv: at most 8 rows a call");
 }
 
-// x [rows, K] @ (scales * codes).T -> [rows, N] in x's dtype.
-at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, int64_t group) {
-  check(x, w, scales, group);
+// x [rows, K] @ (scales * codes).T -> [rows, N] in x's dtype; scales [N, K / group] in one of
+// group_scales.h's forms (int8 codes with their steps).
+at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, int64_t group,
+                      const std::optional<at::Tensor>& scale_steps) {
+  check(x, w, group);
   const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
+  const auto sg = radixserve::GroupScales::of(scales, scale_steps, n, k / group, "group_gemv");
   // A few KB, converted once and read by every weight row; no tensor ops around the kernel (a
   // decode step makes ~45 of these calls, where a dispatch costs as much as a small layer's work).
   std::vector<float> xf(rows * k);
@@ -124,11 +151,11 @@ at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* xp = xf.data();
   const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / k);  // small layers stay on one thread
-  const auto run = [&](const auto* sp, auto* op) {
+  const auto run = [&](auto* op) {
     at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
       radixserve::with_row_count(rows, [&](auto count) {
         constexpr int M = decltype(count)::value;
-        dot_rows<M>(wp, sp, n, k, group, begin, end, xp, op);
+        dot_rows<M>(wp, sg, n, k, group, begin, end, xp, op);
       });
     });
   };
@@ -136,11 +163,7 @@ at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor
     const scalar_t* xs = x.data_ptr<scalar_t>();
     for (int64_t m = 0; m < rows; ++m)
       for (int64_t i = 0; i < k; ++i) xf[m * k + i] = static_cast<float>(xs[m * x.stride(0) + i * x.stride(1)]);
-    scalar_t* op = out.data_ptr<scalar_t>();
-    if (scales.scalar_type() == at::kHalf)
-      run(scales.data_ptr<c10::Half>(), op);
-    else
-      run(scales.data_ptr<float>(), op);
+    run(out.data_ptr<scalar_t>());
   });
   return out;
 }
@@ -153,6 +176,6 @@ bool group_gemv_fast() { return RADIXSERVE_GROUP_SIMD != 0; }
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
-  m.def("group_gemv(Tensor x, Tensor w, Tensor scales, int group) -> Tensor", group_gemv);
+  m.def("group_gemv(Tensor x, Tensor w, Tensor scales, int group, Tensor? scale_steps=None) -> Tensor", group_gemv);
   m.def("group_gemv_fast() -> bool", group_gemv_fast);
 }

@@ -14,8 +14,9 @@
 // block right by 4t and masking each word's low nibble gives group t's 32 codes in order, one to
 // a 16-bit lane. Weight rows come in quads whose blocks are interleaved (block b of rows 4i..4i+3,
 // then block b + 1), so a pass over four rows reads one stream. Scales and lows float16 (an
-// eighth of a byte a weight each; torch's int4 kernel keeps them in bf16, 3 fewer bits), or float32
-// where float16 would round them (a GGUF's Q4_K scales are d * a 6-bit scale: up to 17 bits).
+// eighth of a byte a weight each; torch's int4 kernel keeps them in bf16, 3 fewer bits), or, where
+// float16 would round them (a GGUF's Q4_K scales are d * a 6-bit scale: up to 17 bits), int8 codes
+// times a float32 step per super-block (group_scales.h: a byte a group), or float32.
 //
 // The float trick: the 16-bit pattern 0x4300 | q is the bf16 number 128 + q (128's exponent makes
 // the mantissa's last bit worth 1), and moved into a 32-bit lane's top half it is the float32
@@ -38,6 +39,7 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "group_scales.h"
 #include "row_count.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -75,26 +77,6 @@ inline const uint8_t* block_at(const uint8_t* w, int64_t k, int64_t row, int64_t
   return w + (row / kQuad) * kQuad * (k / 2) + (b * kQuad + row % kQuad) * 64;
 }
 
-// n float16 (or float32) values as floats (a row's scales or lows, once per row rather than once per use).
-template <typename S>
-inline void halves_to_floats(const S* src, float* dst, int64_t n) {
-  int64_t i = 0;
-#if RADIXSERVE_INT4_AVX512
-  if constexpr (std::is_same_v<S, c10::Half>)
-    for (; i + 16 <= n; i += 16)
-      _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
-#endif
-  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
-}
-
-#if RADIXSERVE_INT4_AVX512
-// Up to 16 scales or lows as a float vector (float16 ones widened: exact).
-inline __m512 load_floats(__mmask16 mask, const c10::Half* src) {
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, src));
-}
-inline __m512 load_floats(__mmask16 mask, const float* src) { return _mm512_maskz_loadu_ps(mask, src); }
-#endif
-
 // The activations of one call, prepared once and read by every weight row.
 struct Activations {
   int64_t k = 0, groups = 0;
@@ -108,13 +90,13 @@ struct Activations {
 // sum to it where the loop has vectors (the loop's accumulators start from it).
 template <int M, int R>
 struct RowConstants {
-  std::vector<float> scale;
+  std::vector<float> scale, low;
 #if RADIXSERVE_INT4_AVX512
   __m512 rest[R][M];
 #else
   float rest[R][M];
 #endif
-  explicit RowConstants(int64_t groups) : scale(R * groups) {}
+  explicit RowConstants(int64_t groups) : scale(R * groups), low(R * groups) {}
 
 #if RADIXSERVE_INT4_AVX512
   // The loops' accumulators start from the rows' constants.
@@ -126,11 +108,11 @@ struct RowConstants {
   }
 #endif
 
-  template <typename S>
-  void load(const S* scales, const S* lows, int64_t j, const Activations& a) {
+  void load(const radixserve::GroupScales& scales, const radixserve::GroupScales& lows, int64_t j,
+            const Activations& a) {
     const int64_t groups = a.groups;
-    const S* sj = scales + j * groups;  // rows j.. are contiguous
-    const S* lj = lows + j * groups;
+    scales.expand(j, R, scale.data());  // rows j.. are contiguous
+    lows.expand(j, R, low.data());
 #if RADIXSERVE_INT4_AVX512
     RADIXSERVE_UNROLL
     for (int r = 0; r < R; ++r) {
@@ -138,9 +120,8 @@ struct RowConstants {
       for (int m = 0; m < M; ++m) rest[r][m] = _mm512_setzero_ps();
       for (int64_t g = 0; g < groups; g += 16) {
         const __mmask16 mask = groups - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (groups - g)) - 1);
-        const __m512 sv = load_floats(mask, sj + r * groups + g);
-        const __m512 lv = load_floats(mask, lj + r * groups + g);
-        _mm512_mask_storeu_ps(scale.data() + r * groups + g, mask, sv);
+        const __m512 sv = _mm512_maskz_loadu_ps(mask, scale.data() + r * groups + g);
+        const __m512 lv = _mm512_maskz_loadu_ps(mask, low.data() + r * groups + g);
         const __m512 adjusted = _mm512_fnmadd_ps(_mm512_set1_ps(128.f), sv, lv);
         RADIXSERVE_UNROLL
         for (int m = 0; m < M; ++m)
@@ -149,15 +130,13 @@ struct RowConstants {
       }
     }
 #else
-    halves_to_floats(sj, scale.data(), R * groups);
-    std::vector<float> low(groups);
     for (int r = 0; r < R; ++r) {
-      halves_to_floats(lj + r * groups, low.data(), groups);
       for (int m = 0; m < M; ++m) {
         const float* s = scale.data() + r * groups;
+        const float* l = low.data() + r * groups;
         const float* xs = a.sums.data() + m * groups;
         float sum = 0.f;
-        for (int64_t g = 0; g < groups; ++g) sum = std::fma(std::fma(-128.f, s[g], low[g]), xs[g], sum);
+        for (int64_t g = 0; g < groups; ++g) sum = std::fma(std::fma(-128.f, s[g], l[g]), xs[g], sum);
         rest[r][m] = sum;
       }
     }
@@ -266,9 +245,9 @@ void dot_block_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, in
 
 // Weight-row quads [begin, end): a quad at a time for up to 4 activation rows, else in halves
 // (the accumulators of 4 weight rows times more than 4 activation rows outnumber the registers).
-template <int M, typename S, typename O>
-void dot_quads(const uint8_t* w, const S* scales, const S* lows, int64_t n, int64_t begin,
-               int64_t end, const Activations& a, bool bf16, O* out) {
+template <int M, typename O>
+void dot_quads(const uint8_t* w, const radixserve::GroupScales& scales, const radixserve::GroupScales& lows, int64_t n,
+               int64_t begin, int64_t end, const Activations& a, bool bf16, O* out) {
   constexpr int R = M <= 4 ? kQuad : kQuad / 2;
   RowConstants<M, R> c(a.groups);
   for (int64_t quad = begin; quad < end; ++quad)
@@ -284,18 +263,13 @@ void dot_quads(const uint8_t* w, const S* scales, const S* lows, int64_t n, int6
     }
 }
 
-void check(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& lows) {
+void check(const at::Tensor& x, const at::Tensor& w) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "int4_gemv: x is a CPU [rows, K] float32 or bfloat16 tensor");
   TORCH_CHECK(x.size(1) % kBlock == 0, "int4_gemv: K is a multiple of 128");
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kByte && w.size(1) * 2 == x.size(1) &&
                   w.size(0) % kQuad == 0,
               "int4_gemv: codes are contiguous uint8 [N, K / 2] with K = x's width and N a multiple of 4");
-  for (const at::Tensor* t : {&scales, &lows})
-    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == scales.scalar_type() &&
-                    (t->scalar_type() == at::kHalf || t->scalar_type() == at::kFloat) && t->dim() == 2 &&
-                    t->size(0) == w.size(0) && t->size(1) == x.size(1) / kGroup,
-                "int4_gemv: scales and lows are float16 or float32 (both the same) [N, K / 32]");
   TORCH_CHECK(x.size(0) <= kMaxRows, "int4_gemv: at most 8 rows a call");
 }
 
@@ -308,10 +282,14 @@ uint16_t bf16_bits(T v) {
     return 0;
 }
 
-// x [rows, K] @ (scales * q + lows).T -> [rows, N] in x's dtype.
-at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& lows) {
-  check(x, w, scales, lows);
+// x [rows, K] @ (scales * q + lows).T -> [rows, N] in x's dtype; scales and lows [N, K / 32] in one
+// of group_scales.h's forms (int8 codes with their steps).
+at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& lows,
+                     const std::optional<at::Tensor>& scale_steps, const std::optional<at::Tensor>& low_steps) {
+  check(x, w);
   const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
+  const auto sg = radixserve::GroupScales::of(scales, scale_steps, n, k / kGroup, "int4_gemv");
+  const auto lg = radixserve::GroupScales::of(lows, low_steps, n, k / kGroup, "int4_gemv lows");
 #if RADIXSERVE_INT4_BF16
   const bool bf16 = x.scalar_type() == at::kBFloat16;
 #else
@@ -326,19 +304,13 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   at::Tensor out = at::empty({rows, n}, x.options());
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 15) / k);  // quads; small layers stay on one thread
-  const auto run_with = [&](const auto* sp, const auto* lp, auto* op) {
+  const auto run = [&](auto* op) {
     at::parallel_for(0, n / kQuad, grain, [&](int64_t begin, int64_t end) {
       radixserve::with_row_count(rows, [&](auto count) {
         constexpr int M = decltype(count)::value;
-        dot_quads<M>(wp, sp, lp, n, begin, end, a, bf16, op);
+        dot_quads<M>(wp, sg, lg, n, begin, end, a, bf16, op);
       });
     });
-  };
-  const auto run = [&](auto* op) {
-    if (scales.scalar_type() == at::kHalf)
-      run_with(scales.data_ptr<c10::Half>(), lows.data_ptr<c10::Half>(), op);
-    else
-      run_with(scales.data_ptr<float>(), lows.data_ptr<float>(), op);
   };
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int4_gemv", [&] {
     const scalar_t* xs = x.data_ptr<scalar_t>();
@@ -364,6 +336,7 @@ bool int4_gemv_fast() { return RADIXSERVE_INT4_AVX512 != 0; }
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
-  m.def("int4_gemv(Tensor x, Tensor w, Tensor scales, Tensor lows) -> Tensor", int4_gemv);
+  m.def("int4_gemv(Tensor x, Tensor w, Tensor scales, Tensor lows, Tensor? scale_steps=None, Tensor? low_steps=None) -> Tensor",
+        int4_gemv);
   m.def("int4_gemv_fast() -> bool", int4_gemv_fast);
 }

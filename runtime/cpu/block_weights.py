@@ -9,9 +9,10 @@ kernel reads, and answers three questions with no other copy of it:
 The kinds:
 - Int8Blocks: Q8_0, Q5_0 and Q6_K as int8 codes + per-group scales (runtime/loading/
   gguf_int8_groups.py), read by kernels/csrc/group_gemv.cpp: a byte a weight;
-- Int4Blocks: Q4_K, Q4_0 and Q4_1 as 4-bit codes + scales and lows (float16 where exact, else
-  float32) in the layout of kernels/csrc/int4_gemv.cpp (AVX-512): half a byte a weight and a
-  sixteenth or an eighth more;
+- Int4Blocks: Q4_K, Q4_0 and Q4_1 as 4-bit codes + scales and lows in the layout of
+  kernels/csrc/int4_gemv.cpp (AVX-512): half a byte a weight and a sixteenth more;
+Group scales are held in compact_scales' form: float16 where the format's are, k-quants' as a
+byte a group times a float32 step a super-block (their own d times small integers), exactly.
 - TorchInt4Blocks: the same codes in torch's int4 layout (`_weight_int4pack_mm_for_cpu`) where
   the CPU lacks AVX-512; it serves wide products too, and cannot give rows back;
 - DenseBlocks: a tensor the file ships unquantized or in a format with no kernel here (F16,
@@ -46,31 +47,70 @@ class BlockWeight(Protocol):
     def nbytes(self) -> int: ...
 
 
+SUPER_BLOCK = 256  # weights a k-quant's group scales share one float16 d over (Q4_K, Q6_K)
+
+
+def compact_scales(values: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-group scales [N, K / group] in the fewest bytes that give them back exactly: float16
+    where they are float16 numbers (Q8_0, Q5_0, Q4_0, Q4_1), else int8 codes times a float32 step
+    per super-block where they factor so (Q4_K's and Q6_K's: d times a small integer;
+    kernels/csrc/group_scales.h), else float32. Returns (scales, steps or None). Always copies:
+    a view would keep the loader's whole memory map resident (2 GB of RSS on a 7B model)."""
+    half = values.to(torch.float16)
+    if torch.equal(half.float(), values.float()):
+        return half, None
+    values = values.float().contiguous()
+    span = SUPER_BLOCK // group
+    if values.shape[1] % span == 0:
+        codes, steps = ops().factor_scales(values, span)  # type: ignore[union-attr]
+        if codes.numel():
+            return codes, steps
+    return values.clone(), None
+
+
+def expand_scales(scales: torch.Tensor, steps: torch.Tensor | None) -> torch.Tensor:
+    """compact_scales' result as float32 [N, groups]."""
+    if steps is None:
+        return scales.float()
+    return (steps.repeat_interleave(scales.shape[1] // steps.shape[1], dim=1) * scales.float())
+
+
+def _rows_of(tensor: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | None:
+    return None if tensor is None else tensor[start:stop]
+
+
+def _pick(tensor: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:
+    return None if tensor is None else tensor.index_select(0, ids)
+
+
 class Int8Blocks:
-    """w[n, k] = scales[n, k // group] * codes[n, k]."""
+    """w[n, k] = scales[n, k // group] * codes[n, k] (scales in compact_scales' form)."""
 
     wide_itself = False
 
     def __init__(self, groups: Int8Groups) -> None:
-        self.codes, self.scales = groups.codes.contiguous(), groups.scales.contiguous()
+        self.codes = groups.codes.contiguous()
+        self.scales, self.steps = compact_scales(groups.scales, groups.group)
         self.shape, self.group = groups.shape, groups.group
 
     def few(self, x: torch.Tensor) -> torch.Tensor:
-        return ops().group_gemv(x, self.codes, self.scales, self.group)  # type: ignore[union-attr]
+        return ops().group_gemv(x, self.codes, self.scales, self.group, self.steps)  # type: ignore[union-attr]
 
     def _weights(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         rows, k = codes.shape
-        w = codes.reshape(rows, k // self.group, self.group).float() * scales.float()[..., None]
+        w = codes.reshape(rows, k // self.group, self.group).float() * scales[..., None]
         return w.reshape(rows, k).to(dtype)
 
     def dequantize(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
-        return ops().dequant_int8_groups(self.codes[start:stop], self.scales[start:stop], self.group, dtype)  # type: ignore[union-attr]
+        return ops().dequant_int8_groups(self.codes[start:stop], self.scales[start:stop], self.group, dtype,  # type: ignore[union-attr]
+                                         _rows_of(self.steps, start, stop))
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return self._weights(self.codes.index_select(0, ids), self.scales.index_select(0, ids), dtype)
+        scales = expand_scales(self.scales.index_select(0, ids), _pick(self.steps, ids))
+        return self._weights(self.codes.index_select(0, ids), scales, dtype)
 
     def nbytes(self) -> int:
-        return _nbytes(self.codes, self.scales)
+        return _nbytes(self.codes, self.scales, *([] if self.steps is None else [self.steps]))
 
 
 class Int4Blocks:
@@ -87,14 +127,15 @@ class Int4Blocks:
             self.packed = ops().repack_int4_nibbles(groups.nibbles.contiguous())  # type: ignore[union-attr]
         else:
             self.packed = pack_blocks(groups.q)
-        # float16 where that is exact (Q4_0, Q4_1: the block's own f16 numbers), else float32
-        # (Q4_K's are d times a 6-bit scale, up to 17 bits: float16 moved the default model's
-        # logits by up to 0.14)
-        half_s, half_l = groups.scales.to(torch.float16), groups.lows.to(torch.float16)
-        exact = torch.equal(half_s.float(), groups.scales) and torch.equal(half_l.float(), groups.lows)
-        # copies, never views of the loader's memory map: a view would keep the whole file's pages
-        # mapped (2 GB of RSS on a 7B model, beside the repacked codes)
-        self.scales, self.lows = (half_s, half_l) if exact else (groups.scales.float().clone(), groups.lows.float().clone())
+        # float16 where that is exact (Q4_0, Q4_1: the block's own f16 numbers), else a byte a group
+        # and a float32 step a super-block (Q4_K's are d times a 6-bit scale, up to 17 bits:
+        # float16 moved the default model's logits by up to 0.14), else float32. The kernel takes
+        # scales and lows in one form: float32 for both where only one would compact.
+        (self.scales, self.scale_steps), (self.lows, self.low_steps) = (
+            compact_scales(groups.scales, INT4_GROUP), compact_scales(groups.lows, INT4_GROUP))
+        if self.scales.dtype != self.lows.dtype:
+            self.scales, self.scale_steps = expand_scales(self.scales, self.scale_steps).clone(), None
+            self.lows, self.low_steps = expand_scales(self.lows, self.low_steps).clone(), None
 
     @staticmethod
     def fits(shape: tuple[int, int]) -> bool:
@@ -102,7 +143,7 @@ class Int4Blocks:
         return built is not None and bool(built.int4_gemv_fast()) and shape[1] % ONE_ROW_BLOCK == 0 and shape[0] % 4 == 0
 
     def few(self, x: torch.Tensor) -> torch.Tensor:
-        return ops().int4_gemv(x, self.packed, self.scales, self.lows)  # type: ignore[union-attr]
+        return ops().int4_gemv(x, self.packed, self.scales, self.lows, self.scale_steps, self.low_steps)  # type: ignore[union-attr]
 
     def _codes(self, words: torch.Tensor) -> torch.Tensor:
         """[rows, K / 128, 32] int16 words -> [rows, K] codes (0..15), in k order."""
@@ -111,7 +152,7 @@ class Int4Blocks:
 
     def _weights(self, q: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         rows, k = q.shape
-        w = q.reshape(rows, k // INT4_GROUP, INT4_GROUP).float() * scales.float()[..., None] + lows.float()[..., None]
+        w = q.reshape(rows, k // INT4_GROUP, INT4_GROUP).float() * scales[..., None] + lows[..., None]
         return w.reshape(rows, k).to(dtype)
 
     def _quads(self) -> torch.Tensor:
@@ -121,14 +162,18 @@ class Int4Blocks:
     def dequantize(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
         assert start % 4 == 0 and stop % 4 == 0, "Int4Blocks dequantizes whole quads of rows"
         return ops().dequant_int4_blocks(self.packed[start:stop], self.scales[start:stop],  # type: ignore[union-attr]
-                                         self.lows[start:stop], dtype)
+                                         self.lows[start:stop], dtype, _rows_of(self.scale_steps, start, stop),
+                                         _rows_of(self.low_steps, start, stop))
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         words = self._quads()[ids // 4, :, ids % 4]  # [len(ids), K / 128, 32]
-        return self._weights(self._codes(words), self.scales.index_select(0, ids), self.lows.index_select(0, ids), dtype)
+        scales = expand_scales(self.scales.index_select(0, ids), _pick(self.scale_steps, ids))
+        lows = expand_scales(self.lows.index_select(0, ids), _pick(self.low_steps, ids))
+        return self._weights(self._codes(words), scales, lows, dtype)
 
     def nbytes(self) -> int:
-        return _nbytes(self.packed, self.scales, self.lows)
+        steps = [t for t in (self.scale_steps, self.low_steps) if t is not None]
+        return _nbytes(self.packed, self.scales, self.lows, *steps)
 
 
 class TorchInt4Blocks:

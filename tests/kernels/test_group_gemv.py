@@ -64,7 +64,8 @@ def test_strided_rows_and_no_rows() -> None:
     ({"k": 48}, "multiple of the group"),
     ({"rows": 9}, "at most 8 rows"),
     ({"codes_dtype": torch.uint8}, "int8"),
-    ({"scales_dtype": torch.bfloat16}, "float32 or float16"),
+    ({"scales_dtype": torch.bfloat16}, "float16, float32 or int8 codes"),
+    ({"scales_dtype": torch.int8}, "int8 scale codes need float32 steps"),
 ])
 def test_bad_input_is_refused(change: dict, message: str) -> None:
     k, group, rows = change.get("k", 64), change.get("group", 32), change.get("rows", 1)

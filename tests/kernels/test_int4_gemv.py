@@ -76,7 +76,8 @@ def test_strided_rows() -> None:
 @pytest.mark.parametrize("bad, message", [
     (lambda x, w, s, lo: (x[:, :64], w[:, :32], s[:, :2], lo[:, :2]), "multiple of 128"),
     (lambda x, w, s, lo: (x, w[:6], s[:6], lo[:6]), "N a multiple of 4"),
-    (lambda x, w, s, lo: (x, w, s.float(), lo), "float16"),
+    (lambda x, w, s, lo: (x, w, s.bfloat16(), lo), "float16, float32 or int8 codes"),
+    (lambda x, w, s, lo: (x, w, s.to(torch.int8), lo), "int8 scale codes need float32 steps"),
     (lambda x, w, s, lo: (x.half(), w, s, lo), "float32 or bfloat16"),
     (lambda x, w, s, lo: (x.expand(9, -1), w, s, lo), "at most 8 rows"),
 ])
