@@ -108,14 +108,16 @@ HF_TO_GGUF = {
     "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
     "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
     "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight",  # Phi-3's fused
 }
 
 
 def write_gguf_from_hf(folder: Path, path: Path, arch: str,
                        kinds: dict[str, GGMLQuantizationType] | None = None, split_max_tensors: int = 0) -> None:
     """Write the tiny Hugging Face model in `folder` (tests/tiny_models.py) as a float32 GGUF of
-    architecture `arch` (llama, qwen3, qwen3moe, qwen2moe) as llama.cpp writes one: experts stacked
-    [E, rows, cols], a Llama file's q and k rows reordered for interleaved RoPE. `kinds`: matrices
+    architecture `arch` (llama, qwen3, qwen3moe, qwen2moe, phi3) as llama.cpp writes one: experts stacked
+    [E, rows, cols], a Llama file's q and k rows reordered for interleaved RoPE, Phi-3's LongRoPE
+    factors as tensors and its fused q/k/v and gate/up as they are. `kinds`: matrices
     quantized instead, by GGUF tensor name without `blk.N.` (`*` for the rest; 2-D and 3-D).
     `split_max_tensors`: written as a split GGUF of parts holding at most that many tensors each."""
     import torch
@@ -150,6 +152,8 @@ def write_gguf_from_hf(folder: Path, path: Path, arch: str,
         scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
         plain = scaling["rope_theta"] ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         writer.add_tensor("rope_freqs.weight", (plain / scaled.double()).float().numpy())
+    if arch == "phi3":
+        add_phi3_rope(writer, config, head_dim)
     vocab = tiny_vocab()[: config.vocab_size]
     vocab += [f"<extra_{i}>" for i in range(config.vocab_size - len(vocab))]
     writer.add_tokenizer_model("llama")
@@ -196,3 +200,19 @@ def write_gguf_from_hf(folder: Path, path: Path, arch: str,
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def add_phi3_rope(writer: GGUFWriter, config: object, head_dim: int) -> None:
+    """Phi-3's rotary metadata and LongRoPE factors, as llama.cpp's Phi3MiniModel writes them."""
+    import math
+
+    rope = config.rope_parameters
+    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+    original = config.original_max_position_embeddings
+    writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_sliding_window(config.sliding_window or 0)
+    if rope.get("rope_type") == "longrope":
+        scale = config.max_position_embeddings / original
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+        writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))

@@ -48,6 +48,8 @@ def tiny_config(family: str):  # noqa: ANN201 - a transformers config
                           rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
                                            "short_factor": [1.0 + 0.1 * i for i in range(rot_half)],
                                            "long_factor": [2.0 + 0.5 * i for i in range(rot_half)]})
+    if family == "phi3_plain":  # Phi-4's shape: full rotary, no RoPE scaling, no window, untied
+        return Phi3Config(**COMMON, tie_word_embeddings=False, pad_token_id=0, bos_token_id=2, eos_token_id=1)
     raise ValueError(family)
 
 

@@ -15,17 +15,18 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence, Set
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from runtime.loading.gguf_families import (  # noqa: F401 - hf_config: re-exported for importers
-    CONFIG_TENSORS, GGUF_ARCHITECTURES, NORM_SUFFIX, gguf_architecture, hf_config, hf_tensor_name)
+from runtime.loading.gguf_families import (
+    CONFIG_TENSORS, GGUF_ARCHITECTURES, NORM_SUFFIX, fused_shards, gguf_architecture, hf_config, hf_tensor_name)
 from runtime.loading.gguf_groups import INT4_GROUPS_FILE, RowOrder, expert_weight_name, write_int4_groups
 from runtime.loading.gguf_int8_groups import INT8_GROUPS_FILE, KEPT_GROUP_FILES, write_int8_groups
 from runtime.loading.gguf_split import open_gguf
@@ -41,14 +42,16 @@ def dequantized_state_dict(
     Hugging Face-named state dict."""
     arch = gguf_architecture(reader)
     norm_offset, transform = GGUF_ARCHITECTURES[arch].norm_offset, GGUF_ARCHITECTURES[arch].transform
+    fused = fused_shards(reader)
     state: dict[str, torch.Tensor] = {}
     for tensor in tqdm(reader.tensors, desc="dequantizing", unit="tensor", disable=not progress):
         if tensor.name in CONFIG_TENSORS:
             continue
         name = hf_tensor_name(tensor.name, arch)
         base, _, proj = name.rpartition(".")
-        if name in skip or (len(tensor.shape) == 3 and expert_weight_name(base, 0, proj) in skip):
-            continue  # kept as codes (a stack of experts: each expert's, all or none)
+        if name in skip or (len(tensor.shape) == 3 and expert_weight_name(base, 0, proj) in skip) \
+                or (name in fused and all(part in skip for part, _, _ in fused[name])):
+            continue  # kept as codes (a stack of experts: each expert's, all or none; a fused tensor: its parts)
         # GGUF records shapes fastest-dimension first; numpy wants them reversed.
         shape = tuple(int(d) for d in reversed(tensor.shape))
         array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
@@ -70,7 +73,8 @@ def keep_groups(reader: GGUFReader, out_dir: Path, file_name: str) -> int:
     """Write one of KEPT_GROUP_FILES into `out_dir`: the GGUF's quantized tensors of that kind as
     shipped, under their Hugging Face names; how many. Where the architecture reorders a tensor's
     rows (Llama's q and k), the codes' rows are reordered the same way: the transform is a row
-    permutation, read off by applying it to the row numbers."""
+    permutation, read off by applying it to the row numbers. A fused tensor (Phi-3's qkv and
+    gate/up) is kept as its parts' row slices, under the parts' names."""
     arch = gguf_architecture(reader)
     transform = GGUF_ARCHITECTURES[arch].transform
 
@@ -81,7 +85,37 @@ def keep_groups(reader: GGUFReader, out_dir: Path, file_name: str) -> int:
         order = transform(reader, name, numbers)[:, 0].long()
         return None if torch.equal(order, torch.arange(rows)) else order
 
-    return GROUP_WRITERS[file_name](reader, out_dir, lambda name: hf_tensor_name(name, arch), row_order)
+    sharded = _ShardedReader(reader, fused_shards(reader), arch)
+    return GROUP_WRITERS[file_name](sharded, out_dir, sharded.hf_name, row_order)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class _RowSlice:
+    """Rows [start, stop) of a 2-D GGUF tensor, as the group writers read a tensor."""
+
+    name: str  # the part's Hugging Face name
+    shape: np.ndarray  # fastest dimension first, as GGUFReader lists it
+    tensor_type: GGMLQuantizationType
+    data: np.ndarray
+
+
+class _ShardedReader:
+    """The reader as the group writers see it: each fused tensor listed as its parts' row slices
+    (gguf_families.py fused_shards), named by the parts' Hugging Face names."""
+
+    def __init__(self, reader: GGUFReader, fused: dict[str, list[tuple[str, int, int]]], arch: str) -> None:
+        self.fields, self.arch, self.tensors = reader.fields, arch, []
+        for tensor in reader.tensors:
+            parts = fused.get(hf_tensor_name(tensor.name, arch)) if tensor.name not in CONFIG_TENSORS else None
+            if parts is None:
+                self.tensors.append(tensor)
+                continue
+            for part, start, stop in parts:  # a quantized tensor's data is [rows, bytes of a row]
+                shape = np.array([int(tensor.shape[0]), stop - start])
+                self.tensors.append(_RowSlice(part, shape, tensor.tensor_type, tensor.data[start:stop]))
+
+    def hf_name(self, name: str) -> str:
+        return name if name.startswith("model.layers.") else hf_tensor_name(name, self.arch)
 
 
 def convert_gguf(

@@ -67,8 +67,18 @@ _SHARED_EXPERT_NAMES = {
 }
 _QWEN3MOE_LAYER_NAMES = {**_QWEN3_LAYER_NAMES, **_EXPERT_NAMES}
 _QWEN2MOE_LAYER_NAMES = {**_QWEN2_LAYER_NAMES, **_EXPERT_NAMES, **_SHARED_EXPERT_NAMES}
+# Phi-3 (Phi-3/3.5-mini, Phi-4-mini, Phi-4): Llama-shaped, shipping q/k/v as one tensor and gate/up as
+# one (gate rows first: llama.cpp's SwiGLU halves it as Hugging Face's `chunk(2)` does), the Hugging
+# Face checkpoint's own fused qkv_proj and gate_up_proj; a file may ship q, k and v apart instead.
+_PHI3_LAYER_NAMES = {
+    **_LLAMA_LAYER_NAMES,
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",
+    "ffn_up.weight": "mlp.gate_up_proj.weight",
+}
+# LongRoPE's per-frequency factors (Phi-3-128k, Phi-3.5-mini, Phi-4-mini), short and long
+PHI3_ROPE_FACTORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 # Tensors that are configuration, not weights (read into config.json instead)
-CONFIG_TENSORS = {"rope_freqs.weight"}
+CONFIG_TENSORS = {"rope_freqs.weight", *PHI3_ROPE_FACTORS}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -282,6 +292,62 @@ def qwen2moe_config(reader: GGUFReader) -> dict[str, object]:
             "shared_expert_intermediate_size": shared}
 
 
+def phi3_config(reader: GGUFReader) -> dict[str, object]:
+    """Build a Hugging Face `Phi3Config` dict from GGUF metadata, as Microsoft's checkpoints write it:
+    partial rotary (Phi-4-mini) from `rope.dimension_count`, LongRoPE from the factor tensors and the
+    pretraining length, the sliding window (Phi-3-mini-4k; 0 is none, llama.cpp's mark of Phi-4)."""
+    config = _shared_config(reader, "phi3")
+    head_dim = int(config["hidden_size"]) // int(config["num_attention_heads"])
+    window = int(_field(reader, "phi3.attention.sliding_window", 0))
+    config = {
+        "architectures": ["Phi3ForCausalLM"],
+        "model_type": "phi3",
+        **config,
+        "eos_token_id": _phi3_eos(reader, int(config["eos_token_id"])),
+        "original_max_position_embeddings": int(_field(reader, "phi3.rope.scaling.original_context_length",
+                                                       config["max_position_embeddings"])),
+        "partial_rotary_factor": int(_field(reader, "phi3.rope.dimension_count", head_dim)) / head_dim,
+        "sliding_window": window or None,
+        "hidden_act": "silu",
+        "attention_dropout": 0.0,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+    }
+    factors = {t.name: np.asarray(t.data, dtype=np.float32).reshape(-1).tolist() for t in reader.tensors
+               if t.name in PHI3_ROPE_FACTORS}
+    if factors:
+        if len(factors) != 2:
+            raise ValueError(f"GGUF phi3: LongRoPE needs both {' and '.join(PHI3_ROPE_FACTORS)}; "
+                             f"the file has only {next(iter(factors))}")
+        scaling: dict[str, object] = {"rope_type": "longrope", "short_factor": factors[PHI3_ROPE_FACTORS[0]],
+                                      "long_factor": factors[PHI3_ROPE_FACTORS[1]]}
+        if "phi3.rope.scaling.attn_factor" in reader.fields:  # else transformers' default, as llama.cpp's
+            scaling["attention_factor"] = float(_field(reader, "phi3.rope.scaling.attn_factor"))
+        config["rope_scaling"] = scaling
+    return config
+
+
+# Phi-3's chat turns end with <|end|>, which llama.cpp stops at (an end-of-generation token by its
+# text) and Microsoft's generation_config.json lists; the file's eos is <|endoftext|>.
+PHI3_END_TOKENS = ("<|end|>", "<|endoftext|>")
+
+
+def _phi3_eos(reader: GGUFReader, eos: int) -> int | list[int]:
+    tokens = [str(t) for t in _field(reader, "tokenizer.ggml.tokens")]  # type: ignore[union-attr]
+    ends = sorted({eos, *(i for i, t in enumerate(tokens) if t in PHI3_END_TOKENS)})
+    return ends if len(ends) > 1 else eos
+
+
+def phi3_shards(config: dict[str, object]) -> dict[str, list[tuple[str, int]]]:
+    """Phi-3's fused projections -> their parts' (Hugging Face name, rows), after "model.layers.N."."""
+    head_dim = int(config["hidden_size"]) // int(config["num_attention_heads"])
+    q, kv = int(config["num_attention_heads"]) * head_dim, int(config["num_key_value_heads"]) * head_dim
+    ffn = int(config["intermediate_size"])
+    return {"self_attn.qkv_proj.weight": [("self_attn.q_proj.weight", q), ("self_attn.k_proj.weight", kv),
+                                          ("self_attn.v_proj.weight", kv)],
+            "mlp.gate_up_proj.weight": [("mlp.gate_proj.weight", ffn), ("mlp.up_proj.weight", ffn)]}
+
+
 class _Renamed:
     """A reader whose `<alias>.*` metadata keys read the `<arch>.*` ones (a MoE family's config is its
     dense sibling's plus the experts)."""
@@ -301,6 +367,9 @@ class GGUFArchitecture:
     norm_offset: float = 0.0  # added to every "*norm.weight" (Gemma stores 1 + w)
     # (reader, Hugging Face name, dequantized weight) -> the weight as Hugging Face lays it out
     transform: Callable[[GGUFReader, str, torch.Tensor], torch.Tensor] | None = None
+    # config -> each fused tensor's parts (names after "model.layers.N.", rows): a fused tensor is
+    # converted whole, and its quantized codes are kept as the parts' row slices (fused_shards)
+    shards: Callable[[dict[str, object]], dict[str, list[tuple[str, int]]]] | None = None
 
 
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
@@ -310,6 +379,7 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "qwen3": GGUFArchitecture(qwen3_config, _QWEN3_LAYER_NAMES),
     "qwen3moe": GGUFArchitecture(qwen3moe_config, _QWEN3MOE_LAYER_NAMES),
     "qwen2moe": GGUFArchitecture(qwen2moe_config, _QWEN2MOE_LAYER_NAMES),
+    "phi3": GGUFArchitecture(phi3_config, _PHI3_LAYER_NAMES, shards=phi3_shards),
 }
 SUPPORTED_GGUF_ARCHITECTURES = tuple(GGUF_ARCHITECTURES)
 
@@ -328,3 +398,33 @@ def hf_tensor_name(gguf_name: str, arch: str = "gemma3") -> str:
 def hf_config(reader: GGUFReader) -> dict[str, object]:
     """The Hugging Face config.json dict for the GGUF's own architecture."""
     return GGUF_ARCHITECTURES[gguf_architecture(reader)].config(reader)
+
+
+def fused_shards(reader: GGUFReader) -> dict[str, list[tuple[str, int, int]]]:
+    """The Hugging Face name of every fused tensor of the file -> its parts' (Hugging Face name,
+    first row, end row). A fused projection's rows are its parts' rows stacked, and a quantized
+    tensor's codes are stored a row at a time, so each part is a row slice of the codes as shipped:
+    kept under the parts' names, they are what the block layers look up (runtime/cpu/block_linear.py
+    serves qkv_proj from q_proj, k_proj and v_proj's codes, joined again)."""
+    arch = gguf_architecture(reader)
+    shards = GGUF_ARCHITECTURES[arch].shards
+    if shards is None:
+        return {}
+    parts = shards(hf_config(reader))
+    out: dict[str, list[tuple[str, int, int]]] = {}
+    for tensor in reader.tensors:
+        if tensor.name in CONFIG_TENSORS:
+            continue
+        name = hf_tensor_name(tensor.name, arch)
+        layer, _, leaf = name.removeprefix("model.layers.").partition(".")
+        if leaf not in parts:
+            continue
+        start, slices = 0, []
+        for part, rows in parts[leaf]:
+            slices.append((f"model.layers.{layer}.{part}", start, start + rows))
+            start += rows
+        if start != int(tensor.shape[-1]):  # GGUF lists the rows last
+            raise ValueError(f"GGUF {tensor.name}: {int(tensor.shape[-1])} rows, but its parts "
+                             f"{[p for p, _ in parts[leaf]]} have {start} by the file's metadata")
+        out[name] = slices
+    return out

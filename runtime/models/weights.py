@@ -43,9 +43,10 @@ def checkpoint_files(folder: Path) -> list[Path]:
 
 
 def iterate_weights(folder: Path, exclude: Set[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint's tensors but those named in `exclude`, each read when reached. A folder
-    converted from a GGUF keeps the tensors the file ships quantized only as their codes
-    (runtime/loading/kept_groups.py): those come dequantized to float32, after the rest."""
+    """The checkpoint's tensors but those named in `exclude` (a fused one, `qkv_proj`, where all its
+    parts are), each read when reached. A folder converted from a GGUF keeps the tensors the file
+    ships quantized only as their codes (runtime/loading/kept_groups.py; a fused tensor as its
+    parts): those the checkpoint lacks come dequantized to float32, after the rest."""
     from runtime.loading.kept_groups import KeptGroups
 
     seen: set[str] = set()
@@ -53,12 +54,20 @@ def iterate_weights(folder: Path, exclude: Set[str] = frozenset()) -> Iterator[t
         with safe_open(str(path), framework="pt") as handle:
             for name in handle.keys():
                 seen.add(name)
-                if name not in exclude:
+                if name not in exclude and not _parts_in(name, exclude):
                     yield name, handle.get_tensor(name)
     kept = KeptGroups(folder)
     for name in kept:
-        if name not in seen and name not in exclude:
+        if name not in seen and _target(name)[0] not in seen and name not in exclude:
             yield name, kept.dequantized(name)
+
+
+def _parts_in(name: str, names: Set[str]) -> bool:
+    """Whether `name` is a fused projection (`...qkv_proj.weight`) all of whose parts are in `names`."""
+    base, _, leaf = name.rpartition(".")
+    owner, _, fused = base.rpartition(".")
+    parts = FUSED_FROM.get(fused)
+    return bool(parts) and all(f"{owner}.{part}.{leaf}" in names for part in parts)
 
 
 def tensor_reader(folder: Path) -> Callable[[str], torch.Tensor]:

@@ -9,11 +9,12 @@ import torch
 from runtime import Engine
 
 
-def reference_greedy(folder: Path, prompts: list[list[int]], steps: int) -> list[list[int]]:
-    """transformers fp32, full forward per step, no KV cache: the plainest possible greedy decode."""
+def reference_greedy(folder: Path, prompts: list[list[int]], steps: int, gguf_file: str | None = None) -> list[list[int]]:
+    """transformers fp32, full forward per step, no KV cache: the plainest possible greedy decode.
+    `gguf_file`: transformers reads that GGUF in `folder` itself (dequantized)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, gguf_file=gguf_file).eval()
     outs = []
     with torch.no_grad():
         for prompt in prompts:

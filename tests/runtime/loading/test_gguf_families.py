@@ -106,18 +106,19 @@ def test_a_split_gguf_serves_from_its_first_part_as_the_whole_file(tmp_path: Pat
         resolve_model_path(str(parts[1]))
 
 
-def test_an_unsupported_gguf_architecture_names_it_and_the_supported_ones(tmp_path: Path,
+@pytest.mark.parametrize("arch", ["mamba", "phimoe"])  # phimoe: Phi-3.5-MoE, not served
+def test_an_unsupported_gguf_architecture_names_it_and_the_supported_ones(arch: str, tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from gguf import GGUFWriter
 
     monkeypatch.setenv("RADIXSERVE_HOME", str(tmp_path / "home"))
-    path = tmp_path / "mamba.gguf"
-    writer = GGUFWriter(str(path), "mamba")
+    path = tmp_path / f"{arch}.gguf"
+    writer = GGUFWriter(str(path), arch)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ValueError, match=r"'mamba' is not supported; supported: .*qwen3moe"):
+    with pytest.raises(ValueError, match=rf"'{arch}' is not supported; supported: .*qwen3moe.*'phi3'"):
         resolve_model_path(str(path))
 
 
