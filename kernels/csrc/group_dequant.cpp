@@ -21,6 +21,10 @@
 
 #include "group_scales.h"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -47,6 +51,22 @@ inline void store(const float* w, int64_t count, O* out) {
   }
 }
 
+#if defined(__AVX512F__)
+// 16 float32 weights into the output dtype: bf16 by the same round-to-nearest-even on the bits as
+// `store` (so the same bits), narrowed with one instruction.
+template <typename O>
+inline void store16(__m512 w, O* out) {
+  if constexpr (std::is_same_v<O, c10::BFloat16>) {
+    const __m512i bits = _mm512_castps_si512(w);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), odd), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(rounded));
+  } else {
+    _mm512_storeu_ps(reinterpret_cast<float*>(out), w);
+  }
+}
+#endif
+
 template <typename O>
 void int8_rows(const int8_t* codes, const radixserve::GroupScales& scales, int64_t k, int64_t group, int64_t begin,
                int64_t end, O* out) {
@@ -55,8 +75,16 @@ void int8_rows(const int8_t* codes, const radixserve::GroupScales& scales, int64
   for (int64_t n = begin; n < end; ++n) {
     const int8_t* c = codes + n * k;
     O* o = out + n * k;
-    float w[32];
     scales.expand(n, 1, row_scales.data());
+#if defined(__AVX512F__)
+    // 16 weights a vector (a group is 16 or 32): the scalar loop ran at ~2 cycles a weight, more
+    // than the GEMM that follows at 16 rows
+    for (int64_t i = 0; i < k; i += 16) {
+      const __m512 code = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + i))));
+      store16(_mm512_mul_ps(_mm512_set1_ps(row_scales[i / group]), code), o + i);
+    }
+#else
+    float w[32];
     for (int64_t g = 0; g < groups; ++g) {
       const float s = row_scales[g];
       const int8_t* cg = c + g * group;
@@ -64,6 +92,7 @@ void int8_rows(const int8_t* codes, const radixserve::GroupScales& scales, int64
       for (int64_t i = 0; i < group; ++i) w[i] = s * static_cast<float>(cg[i]);
       store(w, group, o + g * group);
     }
+#endif
   }
 }
 

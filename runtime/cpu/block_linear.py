@@ -5,8 +5,9 @@ kernels read its formats).
 
 - A product of at most WIDE_ROWS rows (decode steps) runs the kernels over the codes in one
   pass: it only streams the weights, and the codes are the fewest bytes to stream. Past one pass
-  the kernels' float multiply-adds cost more than dequantizing (one 9728 x 896 int8 layer, one
-  thread, Zen 4: codes 2.5 ms at 8 rows against 3.2 through slices; 4.2 against 3.2 at 16).
+  the kernels' float multiply-adds cost more than dequantizing, except the int4 kernel's, whose
+  two passes still win at 16 rows (`kernel_rows`; one 8192 x 2048 layer, 2 threads, Zen 4, bf16:
+  int4 3.9 ms at 16 rows against 5.4 through slices; int8 8.5 against 4.3).
 - A wider product (prefill) is compute-bound: the weight is dequantized a slice of rows at a time
   (SLICE_ELEMENTS weights, a few MB that stay in cache) into the activations' dtype and multiplied
   there by torch's GEMM. Dequantizing costs a few operations a weight; the GEMM costs two per
@@ -44,25 +45,33 @@ def few_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
 
 
 def wide_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
-    """x @ W.T a slice of W's rows at a time: [rows, N] in x's dtype."""
+    """x @ W.T a slice of W's rows at a time: [rows, N] in x's dtype. Each slice's product is
+    x @ slice.T written into its columns: at 16 rows torch's bf16 GEMM runs that way at about twice
+    the rate of slice @ x.T (one 8192 x 2048 layer, 2 threads, Zen 4: 4.1 against 7.1 ms with the
+    dequantizing), and no slower at 512."""
     if getattr(weight, "wide_itself", False):
         return weight.few(x)
     n, k = weight.shape
     step = max(1, SLICE_ELEMENTS // k)
     multiple = getattr(weight, "row_multiple", 1)
     step = max(multiple, step // multiple * multiple)
-    out_t = torch.empty(n, x.shape[0], dtype=x.dtype)  # row-major in W's rows: each slice writes a block
+    out = torch.empty(x.shape[0], n, dtype=x.dtype)
     for start in range(0, n, step):
         stop = min(n, start + step)
-        torch.mm(weight.dequantize(start, stop, x.dtype), x.t(), out=out_t[start:stop])
-    return out_t.t().contiguous()
+        torch.mm(x, weight.dequantize(start, stop, x.dtype).t(), out=out[:, start:stop])
+    return out
 
 
 def block_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
-    if x.shape[0] <= WIDE_ROWS:
+    rows = x.shape[0]
+    if rows <= WIDE_ROWS:
         return few_product(weight, x)
     wide = getattr(weight, "wide_copy", None)  # a packed copy, where the model is small (add_wide_copies)
-    return wide(x) if wide is not None else wide_product(weight, x)
+    if wide is not None:
+        return wide(x)
+    if rows <= getattr(weight, "kernel_rows", WIDE_ROWS):  # the int4 kernel's passes beat slices up to 16 rows
+        return few_product(weight, x)
+    return wide_product(weight, x)
 
 
 def add_wide_copies(model: nn.Module, dtype: torch.dtype, available_bytes: int) -> int:

@@ -119,6 +119,7 @@ class Int4Blocks:
 
     wide_itself = False
     row_multiple = 4  # dequantize() takes whole quads
+    kernel_rows = 2 * FEW_ROWS  # two passes of the kernel beat dequantized slices up to here (block_linear.py)
 
     def __init__(self, groups: Int4Groups | PackedInt4Groups) -> None:
         n, k = groups.shape
