@@ -141,13 +141,12 @@ def ensure_builtin_model(model: BuiltinModel, rebuild: bool = False, progress: b
 def add_kept_groups(model: BuiltinModel, folder: Path) -> None:
     """Write the GGUF's kept quantized tensors (runtime/loading/gguf_groups.py, runtime/loading/gguf_int8_groups.py)
     beside an existing conversion that lacks them."""
-    from gguf import GGUFReader
-
     from runtime.loading.gguf_convert import keep_groups
+    from runtime.loading.gguf_file import GGUFFile
 
     missing = [name for name in KEPT_GROUP_FILES if not (folder / name).is_file()]
     with tempfile.TemporaryDirectory(prefix="radixserve-gguf-") as tmp:
-        reader = GGUFReader(str(assemble_gguf(model, Path(tmp) / f"{model.name}.gguf")))
+        reader = GGUFFile(assemble_gguf(model, Path(tmp) / f"{model.name}.gguf"))
         for name in missing:
             staging = Path(tempfile.mkdtemp(prefix=".groups-", dir=folder))  # same file system: an atomic rename
             try:

@@ -27,9 +27,10 @@ from tqdm import tqdm
 
 from runtime.loading.gguf_families import (
     CONFIG_TENSORS, GGUF_ARCHITECTURES, NORM_SUFFIX, fused_shards, gguf_architecture, hf_config, hf_tensor_name)
-from runtime.loading.gguf_groups import INT4_GROUPS_FILE, RowOrder, expert_weight_name, write_int4_groups
+from runtime.loading.gguf_groups import INT4_GROUPS_FILE, expert_weight_name, write_int4_groups
 from runtime.loading.gguf_int8_groups import INT8_GROUPS_FILE, KEPT_GROUP_FILES, write_int8_groups
 from runtime.loading.gguf_split import open_gguf
+from runtime.loading.gguf_tokenizer import gguf_tokenizer
 from runtime.loading.kept_groups import KeptGroups
 
 logger = logging.getLogger(__name__)
@@ -65,16 +66,17 @@ def dequantized_state_dict(
 
 
 # file -> its writer (runtime/loading/gguf_groups.py: the 4-bit tensors; runtime/loading/gguf_int8_groups.py: the 5-8-bit ones)
-GROUP_WRITERS: dict[str, Callable[[GGUFReader, Path, Callable[[str], str], RowOrder], int]] = {
+GROUP_WRITERS: dict[str, Callable[..., int]] = {
     INT4_GROUPS_FILE: write_int4_groups, INT8_GROUPS_FILE: write_int8_groups}
 
 
-def keep_groups(reader: GGUFReader, out_dir: Path, file_name: str) -> int:
+def keep_groups(reader: GGUFReader, out_dir: Path, file_name: str, by_reference: bool = False) -> int:
     """Write one of KEPT_GROUP_FILES into `out_dir`: the GGUF's quantized tensors of that kind as
     shipped, under their Hugging Face names; how many. Where the architecture reorders a tensor's
     rows (Llama's q and k), the codes' rows are reordered the same way: the transform is a row
     permutation, read off by applying it to the row numbers. A fused tensor (Phi-3's qkv and
-    gate/up) is kept as its parts' row slices, under the parts' names."""
+    gate/up) is kept as its parts' row slices, under the parts' names. `by_reference`: the 4-bit
+    ones are read from the GGUF itself when loaded (runtime/loading/gguf_refs.py)."""
     arch = gguf_architecture(reader)
     transform = GGUF_ARCHITECTURES[arch].transform
 
@@ -86,7 +88,7 @@ def keep_groups(reader: GGUFReader, out_dir: Path, file_name: str) -> int:
         return None if torch.equal(order, torch.arange(rows)) else order
 
     sharded = _ShardedReader(reader, fused_shards(reader), arch)
-    return GROUP_WRITERS[file_name](sharded, out_dir, sharded.hf_name, row_order)  # type: ignore[arg-type]
+    return GROUP_WRITERS[file_name](sharded, out_dir, sharded.hf_name, row_order, by_reference=by_reference)
 
 
 @dataclass(frozen=True)
@@ -136,16 +138,15 @@ def convert_gguf(
     `full`: model.safetensors holds every weight dequantized, a Hugging Face checkpoint that
     transformers and vLLM load (the built-in models, which the benchmarks serve with them too);
     else it holds only what the file does not ship quantized, and the kept codes are the rest (a
-    user's GGUF: no copy several times the file's size, no minutes of dequantizing).
+    user's GGUF: no copy several times the file's size, no minutes of dequantizing; its 4-bit
+    tensors are read from the file itself when loaded, runtime/loading/gguf_refs.py).
     """
-    from transformers import AutoTokenizer
-
     out_dir.mkdir(parents=True, exist_ok=True)
     reader = open_gguf(gguf_path)  # a split GGUF's parts as one
     config = hf_config(reader)
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
     for file_name in KEPT_GROUP_FILES:
-        log(f"kept {keep_groups(reader, out_dir, file_name)} quantized tensors as shipped ({file_name})")
+        log(f"kept {keep_groups(reader, out_dir, file_name, by_reference=not full)} quantized tensors as shipped ({file_name})")
     # Those are served from their codes (runtime/cpu/block_linear.py), or dequantized when loaded
     # (runtime/models/weights.py iterate_weights) where model.safetensors lacks them (not `full`).
     kept = set() if full else set(KeptGroups(out_dir))
@@ -153,9 +154,9 @@ def convert_gguf(
     state = dequantized_state_dict(reader, dtype=dtype, progress=progress, skip=kept)
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     del state
-    log(f"building the tokenizer from the GGUF vocabulary ({config['vocab_size']:,} tokens; "
-        "about 30-60 s for a large vocabulary)")
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    log(f"building the tokenizer from the GGUF vocabulary ({config['vocab_size']:,} tokens)")
+    name = reader.fields["general.name"].contents() if "general.name" in reader.fields else None
+    tokenizer = gguf_tokenizer(gguf_path, gguf_architecture(reader), name)  # AutoTokenizer's, without its slow config
     if chat_template is not None:
         tokenizer.chat_template = chat_template
     for old, new in chat_template_edits:

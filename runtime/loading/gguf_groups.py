@@ -7,16 +7,17 @@ can be served as int4 *as shipped*, with no round trip through bf16 and no secon
 The converter (runtime/loading/gguf_convert.py) writes the codes, scales and lows of every such tensor
 to `int4-groups.st` (a safetensors file) in the model folder, under its Hugging Face name; the int4 loader
 reads them there and quantizes only the tensors the file lacks (other GGUF types: Q5_0, Q6_K,
-Q8_0, ...). Q4_K's super-block header is unpacked by the gguf package's own reader
-(`Q4_K.get_scale_min`); the tests check every decoder against `gguf.quants.dequantize`.
+Q8_0, ...). The converter decodes the blocks in C++ (runtime/loading/gguf_blocks.py); the numpy
+decoders here are its fallback and the tests' reference. Q4_K's super-block header is unpacked by
+the gguf package's own reader (`Q4_K.get_scale_min`); the tests check every decoder against
+`gguf.quants.dequantize`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 import torch
@@ -24,11 +25,9 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import Q4_K
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 # Not "*.safetensors": loaders (ours, vLLM's) take every such file in a folder for the checkpoint.
 INT4_GROUPS_FILE = "int4-groups.st"
-G = TypeVar("G")
 GROUP = 32  # weights per (scale, low) in every format below
 FOUR_BIT = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
 
@@ -83,8 +82,21 @@ class PackedInt4Groups:
 
     @staticmethod
     def concat(parts: list[PackedInt4Groups]) -> PackedInt4Groups:
-        return PackedInt4Groups(torch.cat([p.nibbles for p in parts]), torch.cat([p.scales for p in parts]),
-                                torch.cat([p.lows for p in parts]))
+        """Stacked along the output rows; parts decoded side by side (runtime/loading/gguf_refs.py)
+        are joined without a copy."""
+        return PackedInt4Groups(*(_joined([getattr(p, field) for p in parts]) for field in ("nibbles", "scales", "lows")))
+
+
+def _joined(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat along dim 0; a view where the tensors lie one after another in one storage."""
+    first = tensors[0]
+    end = first.data_ptr() + first.nbytes
+    for t in tensors[1:]:
+        if not (t.is_contiguous() and first.is_contiguous() and t.dtype == first.dtype and t.shape[1:] == first.shape[1:]
+                and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr() and t.data_ptr() == end):
+            return torch.cat(tensors)
+        end += t.nbytes
+    return first.as_strided((sum(t.shape[0] for t in tensors), *first.shape[1:]), first.stride(), first.storage_offset())
 
 
 def _nibbles(qs: np.ndarray, half: int) -> np.ndarray:
@@ -138,44 +150,27 @@ def tensor_groups(kind: GGMLQuantizationType, data: np.ndarray, shape: tuple[int
 RowOrder = Callable[[str, int], "torch.Tensor | None"]
 
 
-def decoded_tensors(reader: GGUFReader, decode: Callable[[GGMLQuantizationType, np.ndarray, tuple[int, int]], G | None],
-                    hf_name: Callable[[str], str], row_order: RowOrder | None = None) -> Iterator[tuple[str, G]]:
-    """(Hugging Face name, groups) of every tensor of the GGUF that `decode(kind, data, shape)`
-    keeps (this file's tensor_groups, or runtime/loading/gguf_int8_groups.py's)."""
-    for tensor in reader.tensors:
-        shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the fastest dimension first
-        if len(shape) == 2:
-            groups = decode(tensor.tensor_type, tensor.data, shape)  # type: ignore[arg-type]
-            if groups is not None:
-                name = hf_name(tensor.name)
-                order = row_order(name, shape[0]) if row_order is not None else None
-                yield name, (groups if order is None else groups.take_rows(order))  # type: ignore[attr-defined]
-        elif len(shape) == 3:  # experts stacked [E, rows, cols]: each expert's matrix under its own name
-            stacked = hf_name(tensor.name)  # ...experts.gate_proj
-            base, _, proj = stacked.rpartition(".")
-            per_expert = np.asarray(tensor.data).reshape(shape[0], -1)
-            for expert in range(shape[0]):
-                groups = decode(tensor.tensor_type, per_expert[expert], shape[1:])  # type: ignore[arg-type]
-                if groups is None:
-                    break
-                yield expert_weight_name(base, expert, proj), groups
-
-
 def expert_weight_name(experts: str, expert: int, proj: str) -> str:
     """One expert's projection, as Hugging Face checkpoints name it (`...experts.3.gate_proj.weight`)."""
     return f"{experts}.{expert}.{proj}.weight"
 
 
 def write_int4_groups(reader: GGUFReader, out_dir: Path, hf_name: Callable[[str], str],
-                      row_order: RowOrder | None = None) -> int:
-    """Write INT4_GROUPS_FILE for the GGUF's 4-bit tensors (`hf_name(gguf_name)` names them); how many."""
-    tensors: dict[str, torch.Tensor] = {}
-    for name, groups in decoded_tensors(reader, tensor_groups, hf_name, row_order):
-        # two codes a byte on disk (low nibble first)
-        tensors[f"{name}:q"] = groups.q[:, 0::2] | (groups.q[:, 1::2] << 4)
-        tensors[f"{name}:scales"], tensors[f"{name}:lows"] = groups.scales, groups.lows
-    save_file(tensors, str(out_dir / INT4_GROUPS_FILE), metadata={"format": "radixserve-int4-groups", "group": str(GROUP)})
-    return len(tensors) // 3
+                      row_order: RowOrder | None = None, by_reference: bool = False) -> int:
+    """Write INT4_GROUPS_FILE for the GGUF's 4-bit tensors (`hf_name(gguf_name)` names them), two
+    codes a byte (low nibble first); how many (runtime/loading/gguf_blocks.py decodes and writes).
+    `by_reference`: where the GGUF's own pages hold them, the file holds only where they lie,
+    and loading decodes them from the GGUF (runtime/loading/gguf_refs.py)."""
+    from runtime.loading.gguf_blocks import SafetensorsStream, kept_tensors, write_kept
+    from runtime.loading.gguf_refs import REFS_KEY, references
+
+    tensors = list(kept_tensors(reader, FOUR_BIT, hf_name, row_order))
+    metadata = {"format": "radixserve-int4-groups", "group": str(GROUP)}
+    refs = references(tensors) if by_reference else None
+    if refs is None:
+        return write_kept(out_dir / INT4_GROUPS_FILE, tensors, metadata, "keeping the 4-bit codes")
+    SafetensorsStream(out_dir / INT4_GROUPS_FILE, [], {**metadata, REFS_KEY: refs}).close()
+    return len(tensors)
 
 
 def read_int4_groups(folder: Path) -> dict[str, Int4Groups]:
@@ -183,8 +178,14 @@ def read_int4_groups(folder: Path) -> dict[str, Int4Groups]:
     path = folder / INT4_GROUPS_FILE
     if not path.is_file():
         return {}
+    from runtime.loading.gguf_refs import REFS_KEY, Int4Refs
+
     out: dict[str, Int4Groups] = {}
     with safe_open(str(path), framework="pt") as handle:
+        refs = (handle.metadata() or {}).get(REFS_KEY)
+        if refs is not None:  # the GGUF's own blocks (runtime/loading/gguf_refs.py)
+            blocks = Int4Refs(refs, folder)
+            return {name: blocks[name].unpacked() for name in blocks}
         names = {key.rsplit(":", 1)[0] for key in handle.keys()}
         for name in names:
             packed = handle.get_tensor(f"{name}:q")

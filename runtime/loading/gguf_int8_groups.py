@@ -10,9 +10,10 @@ folder under their Hugging Face names, beside the 4-bit ones of runtime/loading/
 int8, scales as float16 where the format's are (Q8_0, Q5_0) and float32 where they are products
 (Q6_K).
 
-The codes are recovered from the gguf package's own dequantization (w / scale, exact: every
-w is scale * q computed in float32) and the scales read from the block headers; the tests check
-scale * q against `gguf.quants.dequantize` for every format.
+The converter decodes the blocks in C++ (runtime/loading/gguf_blocks.py). The numpy decoder here,
+its fallback and the tests' reference, recovers the codes from the gguf package's own
+dequantization (w / scale, exact: every w is scale * q computed in float32) and reads the scales
+from the block headers; the tests check scale * q against `gguf.quants.dequantize` for every format.
 """
 
 from __future__ import annotations
@@ -27,9 +28,8 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 from safetensors import safe_open
-from safetensors.torch import save_file
 
-from runtime.loading.gguf_groups import INT4_GROUPS_FILE, RowOrder, decoded_tensors
+from runtime.loading.gguf_groups import INT4_GROUPS_FILE, RowOrder
 
 INT8_GROUPS_FILE = "int8-groups.st"
 KEPT_GROUP_FILES = (INT4_GROUPS_FILE, INT8_GROUPS_FILE)  # every file a GGUF's quantized tensors are kept in
@@ -103,14 +103,14 @@ def tensor_groups(kind: GGMLQuantizationType, data: np.ndarray, shape: tuple[int
 
 
 def write_int8_groups(reader: GGUFReader, out_dir: Path, hf_name: Callable[[str], str],
-                      row_order: RowOrder | None = None) -> int:
+                      row_order: RowOrder | None = None, by_reference: bool = False) -> int:
     """Write INT8_GROUPS_FILE for the GGUF's 5-, 6- and 8-bit tensors (`hf_name(gguf_name)` names
-    them); how many."""
-    tensors: dict[str, torch.Tensor] = {}
-    for name, groups in decoded_tensors(reader, tensor_groups, hf_name, row_order):
-        tensors[f"{name}:codes"], tensors[f"{name}:scales"] = groups.codes, groups.scales
-    save_file(tensors, str(out_dir / INT8_GROUPS_FILE), metadata={"format": "radixserve-int8-groups"})
-    return len(tensors) // 2
+    them); how many (runtime/loading/gguf_blocks.py decodes and writes). Always the codes, even
+    `by_reference`: they are served from this file's own pages, never a copy in memory."""
+    from runtime.loading.gguf_blocks import kept_tensors, write_kept
+
+    tensors = list(kept_tensors(reader, EIGHT_BIT, hf_name, row_order))
+    return write_kept(out_dir / INT8_GROUPS_FILE, tensors, {"format": "radixserve-int8-groups"}, "keeping the 8-bit codes")
 
 
 def read_int8_groups(folder: Path) -> dict[str, Int8Groups]:

@@ -3,7 +3,7 @@ hub's large repositories ship them) as one file.
 
 Every part is a GGUF of its own; the first holds the model's metadata (architecture, tokenizer,
 chat template) and some of the tensors, the others the rest. `open_gguf` gives the converter one
-reader: the first part's fields, every part's tensors, in order.
+reader (runtime/loading/gguf_file.py): the first part's fields, every part's tensors, in order.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gguf import GGUFReader
+from runtime.loading.gguf_file import GGUFFile
 
 SPLIT_GGUF = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 
@@ -35,14 +35,14 @@ def split_parts(path: Path) -> list[Path]:
 class SplitReader:
     """The parts of a split GGUF read as one: the first part's fields, all parts' tensors."""
 
-    def __init__(self, readers: list[GGUFReader]) -> None:
+    def __init__(self, readers: list[GGUFFile]) -> None:
         self.readers = readers  # kept: each holds its part's memory map
         self.fields = readers[0].fields
         self.tensors = [tensor for reader in readers for tensor in reader.tensors]
 
 
-def open_gguf(path: Path) -> GGUFReader | SplitReader:
+def open_gguf(path: Path) -> GGUFFile | SplitReader:
     parts = split_parts(path)
     if len(parts) == 1:
-        return GGUFReader(str(path))
-    return SplitReader([GGUFReader(str(part)) for part in parts])
+        return GGUFFile(path)
+    return SplitReader([GGUFFile(part) for part in parts])

@@ -3,7 +3,9 @@
 runtime/loading/gguf_groups.py and gguf_int8_groups.py write a GGUF's 4-bit and 5-8-bit tensors
 as shipped into two files beside the checkpoint. Reading them all into one dict holds every
 tensor's codes at once beside the layouts the kernels are built from; `KeptGroups` reads a
-tensor only when asked, so loading a large model never holds more than one tensor's extra copy.
+tensor only when asked, so loading a large model never holds more than one tensor's extra copy
+(a fused projection's parts: runtime/loading/gguf_refs.py decodes a user's GGUF's 4-bit ones
+from the file itself, side by side).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from safetensors import safe_open
 
 from runtime.loading.gguf_groups import INT4_GROUPS_FILE, PackedInt4Groups
 from runtime.loading.gguf_int8_groups import INT8_GROUPS_FILE, Int8Groups
+from runtime.loading.gguf_refs import REFS_KEY, Int4Refs
 
 SAFETENSORS_DTYPES = {"U8": torch.uint8, "I8": torch.int8, "F16": torch.float16, "F32": torch.float32,
                       "BF16": torch.bfloat16}
@@ -30,6 +33,7 @@ class KeptGroups(Mapping[str, PackedInt4Groups | Int8Groups]):
         self._int4_index: tuple[int, dict] | None = None
         self._handles = {}
         self._where: dict[str, str] = {}
+        self._refs: Int4Refs | None = None
         for file_name in (INT4_GROUPS_FILE, INT8_GROUPS_FILE):
             path = folder / file_name
             if path.is_file():
@@ -37,9 +41,15 @@ class KeptGroups(Mapping[str, PackedInt4Groups | Int8Groups]):
                 self._handles[file_name] = handle
                 for key in handle.keys():
                     self._where.setdefault(key.rsplit(":", 1)[0], file_name)
+                refs = (handle.metadata() or {}).get(REFS_KEY)
+                if refs is not None:  # a user's GGUF: its 4-bit blocks, read from the file itself
+                    self._refs = Int4Refs(refs, folder)
+                    self._where.update(dict.fromkeys(self._refs, REFS_KEY))
 
     def __getitem__(self, name: str) -> PackedInt4Groups | Int8Groups:
         file_name = self._where[name]
+        if file_name == REFS_KEY:
+            return self._refs[name]  # type: ignore[index]
         handle = self._handles[file_name]
         if file_name == INT4_GROUPS_FILE:  # two codes a byte, as stored; read, not mapped (below)
             return PackedInt4Groups(*(self._read(f"{name}:{part}") for part in ("q", "scales", "lows")))
@@ -62,6 +72,10 @@ class KeptGroups(Mapping[str, PackedInt4Groups | Int8Groups]):
             f.seek(start + begin)
             f.readinto(out.numpy())
         return out.view(SAFETENSORS_DTYPES[entry["dtype"]]).reshape(entry["shape"])
+
+    def __contains__(self, name: object) -> bool:
+        """Without reading the tensor (Mapping's own `in` reads it: a 7B model's 4-bit codes read twice)."""
+        return name in self._where
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)

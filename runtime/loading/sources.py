@@ -13,9 +13,12 @@ The forms, tried in this order:
   repository of GGUF files needs `--gguf-file NAME`.
 A GGUF (from a path, Ollama or the hub) is read once into `$RADIXSERVE_HOME/models/gguf/`,
 keyed by the file's path, size and modification time: its config, its tokenizer and chat template
-from the file's own metadata, its quantized tensors as their codes and the few others (norms)
-dequantized (runtime/loading/gguf_convert.py, full=False): about the file's size, served from the
-codes (runtime/cpu/block_linear.py). A conversion that did not finish is redone, never served.
+from the file's own metadata, its 5-8-bit tensors as their codes, the few others (norms)
+dequantized, and where its 4-bit ones lie in the file, which is read again at every load
+(runtime/loading/gguf_convert.py, full=False; runtime/loading/gguf_refs.py): seconds, a fraction
+of the file's size, served from the codes (runtime/cpu/block_linear.py). A conversion that did
+not finish, or a folder whose files are not the sizes its manifest lists, is converted again,
+never served.
 """
 
 from __future__ import annotations
@@ -42,8 +45,9 @@ OLLAMA_REGISTRY = "registry.ollama.ai"
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 # What a user's GGUF converts with: its own chat template, no generation defaults of ours.
 # What a user's GGUF converts into; part of the cache key, so a folder an older converter wrote is
-# converted again, never served (2: the quantized tensors as codes only, experts and Llama's q/k included).
-FORMAT = "radixserve-gguf-2"
+# converted again, never served (2: the quantized tensors as codes only, experts and Llama's q/k
+# included; 3: the 4-bit ones read from the GGUF itself, runtime/loading/gguf_refs.py).
+FORMAT = "radixserve-gguf-3"
 USER_GGUF = BuiltinModel(name="", aliases=(), title="", parts=(), sha256="", install_hint="")
 
 
@@ -106,11 +110,11 @@ def _check_gguf(path: Path) -> None:
         magic = handle.read(4)
     if magic != b"GGUF":
         raise ValueError(f"model: {path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
-    from gguf import GGUFReader
+    from runtime.loading.gguf_file import GGUFFile
 
     try:
-        GGUFReader(str(path))
-    except Exception as exc:  # gguf raises several types for a truncated or lying header
+        GGUFFile(path)  # the header, and every tensor's data within the file
+    except Exception as exc:  # a truncated or lying header
         raise ValueError(f"model: {path} is a damaged GGUF file: {exc}") from None
 
 
