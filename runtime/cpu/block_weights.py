@@ -9,6 +9,8 @@ kernel reads, and answers three questions with no other copy of it:
 The kinds:
 - Int8Blocks: Q8_0, Q5_0 and Q6_K as int8 codes + per-group scales (runtime/loading/
   gguf_int8_groups.py), read by kernels/csrc/group_gemv.cpp: a byte a weight;
+- Q6Blocks: those whose codes fit 6 bits (Q6_K, Q5_0) at 6 bits a weight, where the activations
+  are bf16 and the CPU has bf16 dot products (kernels/csrc/q6_gemv.cpp);
 - Int4Blocks: Q4_K, Q4_0 and Q4_1 as 4-bit codes + scales and lows in the layout of
   kernels/csrc/int4_gemv.cpp (AVX-512): half a byte a weight and a sixteenth more;
 Group scales are held in compact_scales' form: float16 where the format's are, k-quants' as a
@@ -111,6 +113,48 @@ class Int8Blocks:
 
     def nbytes(self) -> int:
         return _nbytes(self.codes, self.scales, *([] if self.steps is None else [self.steps]))
+
+
+class Q6Blocks:
+    """Int8 group codes that fit 6 bits (Q6_K's, Q5_0's: [-32, 31]) stored at 6 bits a weight, in
+    kernels/csrc/q6_gemv.cpp's layout, for bf16 activations on CPUs with bf16 dot products: the
+    int8 kernel would stream 8 bits a weight. w[n, k] = scales[n, k // group] * codes[n, k]."""
+
+    wide_itself = False
+    row_multiple = 4  # dequantize() takes whole quads
+
+    def __init__(self, groups: Int8Groups) -> None:
+        self.packed = ops().repack_q6(groups.codes.contiguous())  # type: ignore[union-attr]
+        self.scales, self.steps = compact_scales(groups.scales, groups.group)
+        self.shape, self.group = groups.shape, groups.group
+
+    @staticmethod
+    def fits(groups: Int8Groups, dtype: torch.dtype) -> bool:
+        built = ops()
+        if dtype != torch.bfloat16 or built is None or not built.q6_gemv_fast() or groups.shape[1] % 128 \
+                or groups.shape[0] % 4:
+            return False
+        low, high = torch.aminmax(groups.codes)
+        return int(low) >= -32 and int(high) <= 31
+
+    def few(self, x: torch.Tensor) -> torch.Tensor:
+        return ops().q6_gemv(x.to(torch.bfloat16), self.packed, self.scales, self.group, self.steps).to(x.dtype)  # type: ignore[union-attr]
+
+    def dequantize(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        return ops().dequant_q6_rows(self.packed[start:stop], self.scales[start:stop], self.group, dtype,  # type: ignore[union-attr]
+                                     _rows_of(self.steps, start, stop))
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        quads = ids // 4  # each id's quad of rows, dequantized whole, then its row taken
+        n, k = self.shape
+        packed = self.packed.view(n // 4, -1).index_select(0, quads).view(-1, self.packed.shape[1])
+        four = (quads[:, None] * 4 + torch.arange(4)).reshape(-1)
+        weights = ops().dequant_q6_rows(packed, self.scales.index_select(0, four), self.group, dtype,  # type: ignore[union-attr]
+                                        _pick(self.steps, four))
+        return weights.view(-1, 4, k)[torch.arange(len(ids)), ids % 4]
+
+    def nbytes(self) -> int:
+        return _nbytes(self.packed, self.scales, *([] if self.steps is None else [self.steps]))
 
 
 class Int4Blocks:
@@ -238,7 +282,7 @@ def block_weight(groups: Int4Groups | PackedInt4Groups | Int8Groups | torch.Tens
     """The kind that serves `groups` on this CPU: the codes as shipped where a kernel reads them,
     else the dequantized weight. `need_rows`: the weight is also looked up by row (an embedding)."""
     if isinstance(groups, Int8Groups) and groups.group in (16, 32):
-        return Int8Blocks(groups)
+        return Q6Blocks(groups) if Q6Blocks.fits(groups, dtype) else Int8Blocks(groups)
     if isinstance(groups, PackedInt4Groups):
         if Int4Blocks.fits(groups.shape):
             return Int4Blocks(groups)
