@@ -11,14 +11,22 @@ while one stream, which only reads weights, still runs nearly twice as fast from
   at most `lowp_rows` rows, where those measured faster in bf16 (runtime/cpu/dual_linear.py).
 The choice and its figures are logged (and in /get_server_info's `dtype_choice`). The engine is
 built on one intra-op thread (runtime/cpu/host_threads.py), so the rates are one core's: what is
-compared is the ratio between dtypes, a property of the cores. On CUDA `auto` is bf16.
+compared is the ratio between dtypes, a property of the cores. So the rates are measured once per
+kind of CPU, torch version and width, and kept in `$RADIXSERVE_HOME/cpu-precision/` (the second
+start of a 1B model skips 0.8 s of measuring, a 7B's 1.6 s); delete a file there to measure
+again. On CUDA `auto` is bf16.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
+import platform
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +75,36 @@ def measure_rates(width: int = 640, out: int = 4096, budget_s: float = 0.02) -> 
                        {r: _rate(r, width, out, torch.float32, budget_s) for r in rows})
 
 
+def rates_file(width: int) -> Path:
+    """Where the rates measured at `width` are kept for this kind of CPU and this torch."""
+    try:
+        cpu = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(("model name", "flags"))][:2]
+    except OSError:
+        cpu = [platform.processor() or platform.machine()]
+    key = hashlib.sha256("\0".join([*cpu, torch.__version__, str(width)]).encode()).hexdigest()[:16]
+    home = Path(os.environ.get("RADIXSERVE_HOME", Path.home() / ".cache" / "radixserve"))
+    return home / "cpu-precision" / f"{key}.json"
+
+
+def kept_rates(width: int) -> MatmulRates:
+    """The rates measured at `width` on this kind of CPU: read back, or measured now and kept."""
+    path = rates_file(width)
+    try:
+        kept = json.loads(path.read_text())
+        return MatmulRates(*({int(rows): float(rate) for rows, rate in kept[kind].items()} for kind in ("bf16", "fp32")))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # none yet, or unreadable: measured again
+    rates = measure_rates(width)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.partial")
+        partial.write_text(json.dumps({"bf16": rates.bf16, "fp32": rates.fp32}))
+        partial.replace(path)  # whole or absent, for a start that reads it at the same time
+    except OSError as exc:
+        logger.warning("could not keep the measured matmul rates in %s: %s", path, exc)
+    return rates
+
+
 def choose(rates: MatmulRates) -> Precision:
     gemm16, gemm32 = rates.bf16[128], rates.fp32[128]
     if gemm16 >= BF16_GEMM_SHARE * gemm32:
@@ -92,7 +130,7 @@ def resolve_precision(name: str, device: torch.device, width: int = 640) -> Prec
         return Precision(resolve_dtype(name), 0, f"--dtype {name}")
     if device.type != "cpu":
         return Precision(torch.bfloat16, 0, "bf16 on a GPU")
-    rates = measure_rates(width)
+    rates = kept_rates(width)
     precision = replace(choose(rates), rates=rates)
     logger.info("dtype auto on this CPU: %s", precision.reason)
     return precision

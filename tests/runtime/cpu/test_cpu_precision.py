@@ -11,6 +11,7 @@ from torch import nn
 
 from runtime import Engine
 from runtime.cpu.dual_linear import DualLinear
+from runtime.cpu import precision as precision_module
 from runtime.cpu.precision import MatmulRates, Precision, choose, measure_rates, resolve_precision
 from runtime.exec import model_runner as model_runner_module
 from runtime.exec.model_runner import ModelRunner, RunnerConfig
@@ -47,6 +48,21 @@ def test_explicit_dtypes_and_gpus_do_not_measure() -> None:
 def test_measurement_gives_positive_rates() -> None:
     measured = measure_rates(width=64, out=128, budget_s=0.001)
     assert all(v > 0 for v in measured.bf16.values()) and set(measured.fp32) == set(measured.bf16)
+
+
+def test_rates_are_measured_once_per_kind_of_cpu_and_width(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`auto` keeps what it measured (a start skips the measuring); an unreadable file is measured again."""
+    monkeypatch.setenv("RADIXSERVE_HOME", str(tmp_path))
+    measured: list[int] = []
+    zen4 = rates([37, 72, 137, 214, 303, 469], [37, 40, 53, 67, 78, 97])
+    monkeypatch.setattr(precision_module, "measure_rates", lambda width: measured.append(width) or zen4)
+    first = resolve_precision("auto", torch.device("cpu"), width=96)
+    again = resolve_precision("auto", torch.device("cpu"), width=96)
+    assert measured == [96] and first == again and again.rates == zen4 and again.dtype == torch.bfloat16
+    resolve_precision("auto", torch.device("cpu"), width=128)  # another width: its own measurement
+    assert measured == [96, 128]
+    precision_module.rates_file(96).write_text("{not json")
+    assert resolve_precision("auto", torch.device("cpu"), width=96).rates == zen4 and measured == [96, 128, 96]
 
 
 def test_dual_linear_uses_bf16_copies_for_few_rows_only() -> None:
