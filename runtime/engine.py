@@ -64,7 +64,8 @@ class Engine:
         with serial_on_this_thread():  # the engine thread's OpenMP pool stays the only one
             self._build(config)
         self.loop = EngineLoop(self.runner, self.tokenizer, self.scheduler, self.kv, self.context_len,
-                               overlap=self.args.overlap_on(self.device.type), grammar_mask=self._mask_grammar)
+                               overlap=self.args.overlap_on(self.device.type), grammar_fill=self._fill_grammar,
+                               narrow_max=self.args.narrow_logits_max_tokens)
         self.loop.ready.wait()  # warmed up on its own thread before the first request (EngineLoop._run)
         self.info = self._describe()
         # New requests not yet admitted, counted at once (the loop's stats lag a step behind).
@@ -198,11 +199,11 @@ class Engine:
         with self._queue_lock:
             return self._queued
 
-    def _mask_grammar(self, logits: torch.Tensor, matchers: list) -> None:
+    def _fill_grammar(self, matchers: list) -> torch.Tensor:
         """On the loop thread: a request has a matcher only once its constraint compiled, so
         `_grammars` exists by then."""
         assert self._grammars is not None
-        self._grammars.mask(logits, matchers)
+        return self._grammars.fill(matchers)
 
     def _describe(self) -> EngineInfo:
         runner = self.runner

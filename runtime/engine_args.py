@@ -9,6 +9,7 @@ from kernels import check_backend_name
 from runtime.exec.device import check_device_name, resolve_dtype
 from runtime.kv.host_codec import HOST_DTYPES
 from runtime.kv.tier_copy import COPY_ENGINES
+from runtime.sampling.allowed_ids import NARROW_MAX_TOKENS
 from runtime.sampling.pooling import POOLING_METHODS
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
@@ -88,6 +89,10 @@ class EngineArgs:
     disable_jump_forward: bool = field(default=False, metadata={
         "help": "constrained requests (JSON schema, regex, EBNF, tool calls) draft their grammar's forced "
                 "continuation and verify it in one forward (exact: output unchanged); this turns that off"})
+    narrow_logits_max_tokens: int = field(default=NARROW_MAX_TOKENS, metadata={
+        "help": "on the CPU, a constrained row whose grammar allows at most this many tokens (a JSON key, an "
+                "enum value, punctuation) has its logits computed for those only, not the whole vocabulary: "
+                "what the grammar's mask keeps of the full row, up to float rounding; 0 turns that off"})
     num_threads: int | None = field(default=None, metadata={
         "help": "CPU threads at most (--cpu-threads; default: OMP_NUM_THREADS, else the cores this process may use: "
                 "its affinity mask and cgroup CPU quota)"})
@@ -124,6 +129,8 @@ class EngineArgs:
                      "kv_cache_tokens", "context_length", "max_queued_requests", "num_threads", "max_kv_cache_tokens",
                      "max_loras_per_batch", "max_loaded_loras"):
             positive(name)
+        if self.narrow_logits_max_tokens < 0:
+            raise ValueError(f"narrow_logits_max_tokens must be >= 0, got {self.narrow_logits_max_tokens}")
         if self.kv_host_tier_dtype not in HOST_DTYPES:
             raise ValueError(f"kv_host_tier_dtype must be one of {HOST_DTYPES}, got {self.kv_host_tier_dtype!r}")
         if self.kv_tier_copy not in COPY_ENGINES:

@@ -17,6 +17,7 @@ from runtime.cpu import resolve_precision
 from runtime.exec.context import ForwardContext, forward_context
 from runtime.exec.device import DTYPES, resolve_device, resolve_dtype  # noqa: F401 - re-exported
 from runtime.exec.graph_runner import DecodeGraphRunner
+from runtime.exec.step_logits import StepLogits, weight_rows_of
 from runtime.kv import KVManager, KVPool, KVShape, ReqSlotTable, build_kv, context_length, plan_kv_tokens
 from runtime.kv.host_codec import HostCodec
 from runtime.kv.tiers import TierConfig, kv_digest
@@ -136,6 +137,10 @@ class ModelRunner:
                                       cfg.prefix_cache, self._tier_config(cfg, shape))
         self.backend = get_attention_backend(cfg.attention_backend, self.device.type)
         self.softcap: float | None = getattr(c, "final_logit_softcapping", None)
+        # A constrained row's logits at its allowed ids only (runtime/exec/step_logits.py): on the CPU,
+        # where the output layer is most of a small model's step; a GPU computes whole rows.
+        self._weight_rows = weight_rows_of(self.model.output_weight) if self.device.type == "cpu" else None
+        self._logit_width = int(self.model.output_weight.shape[0])
         self.graphs: DecodeGraphRunner | None = None
         self._cpu_threads = (cfg.cpu_threads, cfg.adapt_cpu_threads)
         self.threads: cpu.ThreadGovernor | None = None  # set on the engine thread (warm_up)
@@ -194,39 +199,48 @@ class ModelRunner:
         return self.kv.table
 
     def run(self, entries: list[BatchEntry],
-            future_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, HostBatch, torch.Tensor | None]:
+            future_ids: torch.Tensor | None = None) -> tuple[StepLogits, HostBatch, torch.Tensor | None]:
         """Logits for a step's entries (kernel order), the step's layout, and every new token's final
         hidden state where an entry asked to keep it (a pooling request), else None. A decode step
-        replays its CUDA graph where one was captured, anything else runs eagerly. `future_ids`: the
-        previous step's sampled ids on the device, for entries that name a future token."""
+        replays its CUDA graph where one was captured (its logits computed), anything else runs
+        eagerly to the logit rows' hidden states, whose logits the step sampler has computed
+        (runtime/exec/step_logits.py). `future_ids`: the previous step's sampled ids on the device,
+        for entries that name a future token."""
         self.kv.before_step()  # copies into promoted slots land first (runtime/kv/tier_copy.py)
         if self.threads is not None:
             self.threads.before_step()  # fewer CPU threads while other processes hold our cores
         lora = LoraBatch.of([e.lora for e in entries], [len(e.token_ids) for e in entries], self.device) \
             if self.lora_targets is not None else None
         if self.graphs is not None and lora is None and self.graphs.fits(entries):
-            return (*self.graphs.run(entries, future_ids), None)
+            logits, packed = self.graphs.run(entries, future_ids)
+            return StepLogits.computed(logits), packed, None
         packed = HostBatch.pack(entries, self.table)
         batch = ForwardBatch.upload(packed, self.table, future_ids)
         batch.lora = lora
-        if any(e.keep_hidden for e in entries):  # a pooling request reads the hidden states themselves
-            logits, hidden = self.forward_hidden(batch)
-            return logits, packed, hidden
-        return self.forward(batch), packed, None
+        rows, hidden = self.forward_rows(batch)
+        if self._weight_rows is None:
+            logits = StepLogits.computed(self.compute_logits(rows))
+        else:
+            logits = StepLogits(rows, self.compute_logits, self._weight_rows, self.softcap, self._logit_width)
+        # a pooling request reads the hidden states themselves
+        return logits, packed, hidden if any(e.keep_hidden for e in entries) else None
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Float32 logits [rows, vocab] on the device for the rows the batch asks for."""
-        return self.forward_hidden(batch)[0]
+        return self.compute_logits(self.forward_rows(batch)[0])
 
     @torch.inference_mode()
-    def forward_hidden(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The logits, and the final (normed) hidden state of every new token [tokens, hidden]."""
+    def forward_rows(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The final (normed) hidden state of every logit row [rows, hidden], and of every new token
+        [tokens, hidden]."""
         with forward_context(ForwardContext(batch.attn, self.pool.k, self.pool.v, self.backend, batch.lora)):
             hidden = self.model(batch.input_ids, batch.positions)
         rows = hidden if batch.logit_rows is None else hidden.index_select(0, batch.logit_rows)
-        return self.compute_logits(rows), hidden
+        return rows, hidden
 
+    @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [rows, vocab] of final hidden states: the output layer, then the softcap."""
         logits = self.output_layer(hidden, self.model.output_weight)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap

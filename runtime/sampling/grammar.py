@@ -85,17 +85,25 @@ class Grammars:
     def matcher(self, compiled: object) -> object:
         return self._xgr.GrammarMatcher(compiled)
 
-    def mask(self, logits: torch.Tensor, matchers: list[object | None]) -> None:
-        """In place: every token a row's matcher rules out gets -inf. Rows without one are untouched."""
-        rows = [i for i, m in enumerate(matchers) if m is not None]
-        if not rows:
-            return
+    def fill(self, matchers: list[object | None]) -> torch.Tensor:
+        """The host bitmask [len(matchers), words] of every row's allowed tokens (xgrammar's layout: bit
+        t % 32 of word t // 32, 1 allowed). Rows without a matcher allow everything."""
         xgr = self._xgr
-        # Filled on the host by the matchers, then one copy to the logits' device.
         bitmask = torch.full(xgr.get_bitmask_shape(len(matchers), self.vocab_size), -1, dtype=xgr.bitmask_dtype,
                              device="cpu")
+        rows = [i for i, m in enumerate(matchers) if m is not None]
         if len(rows) == 1:
             matchers[rows[0]].fill_next_token_bitmask(bitmask, rows[0])  # type: ignore[union-attr]
-        else:
+        elif rows:
             self.batch.batch_fill_next_token_bitmask([matchers[i] for i in rows], bitmask, indices=rows)
-        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True), indices=rows)
+        return bitmask
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+    """In place: every token a row's bitmask rules out gets -inf, for the rows named (one copy of
+    the bitmask to the logits' device)."""
+    if not rows:
+        return
+    import xgrammar as xgr
+
+    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True), indices=rows)

@@ -1,9 +1,11 @@
 """The engine loop: on its own thread, turns scheduler plans into forward steps and results.
 
 One step reads plan -> forward -> sample -> process: the scheduler plans (runtime/step/scheduler.py),
-the runner lays the plan out on the device and computes logits (eagerly, or by replaying a
-CUDA graph for a decode step: runtime/exec/model_runner.py), the step sampler scores prompt logprobs
-and chooses tokens (runtime/sampling/step_sampler.py), and the output processor applies them
+the runner lays the plan out on the device and runs the model to the logit rows (eagerly, or by
+replaying a CUDA graph for a decode step: runtime/exec/model_runner.py), the step sampler fills the
+grammar bitmasks, has the step's logits computed (runtime/exec/step_logits.py: a constrained row
+whose grammar allows few tokens only at those), scores prompt logprobs and chooses tokens
+(runtime/sampling/step_sampler.py), and the output processor applies them
 (runtime/step/output_processor.py). What passes between them is declared in runtime/step/contract.py. The
 loop itself keeps the thread, the inbox of commands, overlap and fault isolation.
 
@@ -34,7 +36,8 @@ import torch
 from runtime.exec.model_runner import ModelRunner
 from runtime.kv import KVManager
 from runtime.sampling.sampler import Sampler, has_penalty
-from runtime.sampling.step_sampler import GrammarMask, StepSampler
+from runtime.sampling.allowed_ids import NARROW_MAX_TOKENS
+from runtime.sampling.step_sampler import GrammarFill, StepSampler
 from runtime.step.contract import BatchEntry, StepOutputs, StepPlan
 from runtime.step.output_processor import OutputProcessor
 from runtime.step.request import Req, ReqState
@@ -61,9 +64,12 @@ class LaunchedStep:
 
 class EngineLoop:
     def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, scheduler: Scheduler, kv: KVManager,
-                 context_len: int, overlap: bool = False, grammar_mask: GrammarMask | None = None) -> None:
-        """grammar_mask: masks logits rows by their requests' grammar matchers (the Engine's
-        runtime.sampling.grammar.Grammars, built on the first constrained request)."""
+                 context_len: int, overlap: bool = False, grammar_fill: GrammarFill | None = None,
+                 narrow_max: int = NARROW_MAX_TOKENS) -> None:
+        """grammar_fill: the bitmask of logits rows' grammar matchers (the Engine's
+        runtime.sampling.grammar.Grammars, built on the first constrained request); narrow_max: a
+        constrained row whose grammar allows at most this many tokens is computed only at those
+        (runtime/sampling/allowed_ids.py; 0: never)."""
         self.runner = runner
         # Overlap: step n+1 is planned and launched before step n's tokens are read on the host;
         # `_inflight` is the launched step whose tokens the host has not read yet.
@@ -72,9 +78,9 @@ class EngineLoop:
         self.timings: StepTimings | None = None  # Engine.time_steps() sets it (runtime/step/timing.py)
         self.scheduler = scheduler
         self.kv = kv  # the KV state's one owner (runtime/kv/)
-        self._grammar_mask = grammar_mask or (lambda logits, matchers: None)
-        self.sampling = StepSampler(Sampler(set(tokenizer.eos_token_ids)), self._timed_mask,
-                                    kv.last_logits if kv.cache.shares else None)
+        self._grammar_fill = grammar_fill or (lambda matchers: None)
+        self.sampling = StepSampler(Sampler(set(tokenizer.eos_token_ids)), self._timed_fill,
+                                    kv.last_logits if kv.cache.shares else None, narrow_max)
         self.output = OutputProcessor(scheduler, kv, set(tokenizer.eos_token_ids), context_len)
         self.requests = self.output.requests
         self.inbox: queue.Queue[Command | None] = queue.Queue()
@@ -207,9 +213,9 @@ class EngineLoop:
     def _timed(self, phase: str) -> AbstractContextManager[None]:
         return self.timings.host(phase) if self.timings is not None else nullcontext()
 
-    def _timed_mask(self, logits: torch.Tensor, matchers: list) -> None:
+    def _timed_fill(self, matchers: list) -> torch.Tensor:
         with self._timed("mask"):
-            self._grammar_mask(logits, matchers)
+            return self._grammar_fill(matchers)
 
     def _complete_inflight(self) -> None:
         launched, self._inflight = self._inflight, None
@@ -294,6 +300,7 @@ class EngineLoop:
             "retractions_total": counters.retractions,
             "prompts_without_forward_total": self.kv.last_logits.hits,  # exact re-sends (kv/last_logits.py)
             "steps_total": self.steps,
+            "narrowed_logit_rows_total": self.sampling.narrowed_rows,  # at allowed ids only (exec/step_logits.py)
         }
         threads = getattr(self.runner, "threads", None)
         if threads is not None:  # the CPU's thread count, following what other processes leave us (runtime/cpu/)

@@ -2,8 +2,8 @@
 
 Off unless a benchmark asks for it (`with engine.time_steps() as timings:`). Host phases are
 wall-clock seconds on the loop thread: `schedule` (planning, radix matching, KV bookkeeping),
-`launch` (laying the step out, uploading it, launching the forward and the sampler), `mask` (the
-grammar bitmasks of constrained requests, part of `launch`), `process` (reading tokens back, stop
+`launch` (laying the step out, uploading it, launching the forward and the sampler), `mask` (filling
+the grammar bitmasks of constrained requests on the host, part of `launch`; applying them is not in it), `process` (reading tokens back, stop
 checks, detokenizing, streaming). Device time comes from CUDA events recorded around each step's forward
 and sampling on the stream; it includes any gap inside a step where the device waited for the
 host to launch more work, which a replayed CUDA graph does not have.
