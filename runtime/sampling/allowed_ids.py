@@ -8,9 +8,10 @@ small model's step, and at such a row almost all of it is masked anyway. Inside 
 nearly the whole vocabulary is allowed; such rows take the output layer as before.
 
 The default limit, NARROW_MAX_TOKENS, from the default model on the 2-core Zen 4 (bf16 activations,
-the GGUF's int8 output weight): one row at 1,024 allowed ids took 0.17 ms against 1.5 ms a row of
-the full output layer in a step of 104 rows (32 ms for one row alone); at 4,096 ids 2.5 ms, no
-longer a gain in a wide step. The benchmark's schema allows at most 106 tokens outside its strings.
+the GGUF's int8 output weight, 2026-11-25): one row at 1,024 allowed ids took 0.16 ms against 1.3
+ms a row of the full output layer in a step of 104 rows (9.2 ms for one row alone); at 4,096 ids
+2.0 ms, no longer a gain in a wide step. benchmarks/jump_forward.py's schema allows at most 106
+tokens anywhere outside its strings, and about 255k inside them.
 """
 
 from __future__ import annotations
