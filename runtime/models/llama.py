@@ -116,7 +116,10 @@ class LlamaModel(nn.Module):
     def __init__(self, config: object, attention_cls: type[LlamaAttention], qk_norm: bool,
                  make_mlp: Callable[[object, int], nn.Module] = dense_mlp) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Built on the meta device and loaded (runtime/exec/model_runner.py): no random init, whose
+        # normal_ on meta cost a second of every start.
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                         _weight=torch.empty(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, attention_cls, qk_norm, make_mlp) for i in range(config.num_hidden_layers)
         )
