@@ -277,14 +277,14 @@ def test_prompts_are_not_logged_by_default(small_server: RunningServer, caplog: 
 def test_a_faulty_request_fails_alone(tiny_folder: Path) -> None:
     poison = 250  # a token id no other prompt here contains
     with Engine(model=str(tiny_folder), dtype="float32", kv_cache_tokens=1024) as engine:
-        forward = engine.runner.forward
+        forward = engine.runner.forward_rows  # every eager step's forward (ModelRunner.run)
 
         def faulty(batch):  # noqa: ANN001, ANN202
             if (batch.input_ids == poison).any():
                 raise RuntimeError("simulated kernel fault")
             return forward(batch)
 
-        engine.runner.forward = faulty
+        engine.runner.forward_rows = faulty
         with serve(engine) as srv:
             async def mixed() -> list[httpx.Response]:
                 async with httpx.AsyncClient(timeout=120) as client:
