@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from safetensors import safe_open
 
 from runtime.loading import sources
-from runtime.loading.default_model import build_model_dir, radixserve_home
+from runtime.loading.default_model import build_model_dir
 from runtime.loading.gguf_blocks import SafetensorsStream
 from runtime.loading.gguf_file import GGUFFile
 from runtime.loading.gguf_groups import INT4_GROUPS_FILE, PackedInt4Groups
@@ -32,17 +32,6 @@ Q = GGMLQuantizationType
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 TEXTS = ["the cat sat on the mat", "  two spaces, then\ttabs and\nnewlines", "héllo wörld ✓ 123", ""]
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A RADIXSERVE_HOME of the test's own that shares the fused CPU kernels already built."""
-    built = radixserve_home() / "cpu-ops"
-    monkeypatch.setenv("RADIXSERVE_HOME", str(tmp_path / "home"))
-    (tmp_path / "home").mkdir()
-    if built.is_dir():
-        (tmp_path / "home" / "cpu-ops").symlink_to(built)
-    return tmp_path / "home"
 
 
 def _byte_symbols() -> list[str]:

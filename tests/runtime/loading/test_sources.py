@@ -14,25 +14,12 @@ import pytest
 
 from runtime import Engine
 from runtime.loading import sources
-from runtime.loading.default_model import radixserve_home
 from runtime.loading.sources import resolve_model_path
 from tests.server.harness import server_process
 from tests.tiny_gguf import write_tiny_gemma3_gguf
 from tests.tiny_models import save_tiny_model
 
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A RADIXSERVE_HOME of the test's own, which shares the fused CPU kernels already built (a server
-    process started with it would otherwise build them again)."""
-    built = radixserve_home() / "cpu-ops"
-    monkeypatch.setenv("RADIXSERVE_HOME", str(tmp_path / "home"))
-    (tmp_path / "home").mkdir()
-    if built.is_dir():
-        (tmp_path / "home" / "cpu-ops").symlink_to(built)
-    return tmp_path / "home"
 
 
 def test_a_gguf_file_converts_once_and_serves(tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
