@@ -20,6 +20,7 @@
 #include <torch/library.h>
 
 #include "group_scales.h"
+#include "weight_store.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -32,40 +33,6 @@
 #include <vector>
 
 namespace {
-
-// A run of float32 weights stored in the output dtype: bf16 by round-to-nearest-even on the bits
-// (weights are finite), in a loop the compiler vectorizes; c10::BFloat16's conversion does not.
-template <typename O>
-inline void store(const float* w, int64_t count, O* out) {
-  if constexpr (std::is_same_v<O, c10::BFloat16>) {
-    uint16_t* o = reinterpret_cast<uint16_t*>(out);
-#pragma omp simd
-    for (int64_t i = 0; i < count; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, w + i, sizeof(bits));
-      o[i] = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-    }
-  } else {
-#pragma omp simd
-    for (int64_t i = 0; i < count; ++i) out[i] = static_cast<O>(w[i]);
-  }
-}
-
-#if defined(__AVX512F__)
-// 16 float32 weights into the output dtype: bf16 by the same round-to-nearest-even on the bits as
-// `store` (so the same bits), narrowed with one instruction.
-template <typename O>
-inline void store16(__m512 w, O* out) {
-  if constexpr (std::is_same_v<O, c10::BFloat16>) {
-    const __m512i bits = _mm512_castps_si512(w);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), odd), 16);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(rounded));
-  } else {
-    _mm512_storeu_ps(reinterpret_cast<float*>(out), w);
-  }
-}
-#endif
 
 template <typename O>
 void int8_rows(const int8_t* codes, const radixserve::GroupScales& scales, int64_t k, int64_t group, int64_t begin,
@@ -81,7 +48,7 @@ void int8_rows(const int8_t* codes, const radixserve::GroupScales& scales, int64
     // than the GEMM that follows at 16 rows
     for (int64_t i = 0; i < k; i += 16) {
       const __m512 code = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + i))));
-      store16(_mm512_mul_ps(_mm512_set1_ps(row_scales[i / group]), code), o + i);
+      radixserve::store16(_mm512_mul_ps(_mm512_set1_ps(row_scales[i / group]), code), o + i);
     }
 #else
     float w[32];
@@ -90,7 +57,7 @@ void int8_rows(const int8_t* codes, const radixserve::GroupScales& scales, int64
       const int8_t* cg = c + g * group;
 #pragma omp simd
       for (int64_t i = 0; i < group; ++i) w[i] = s * static_cast<float>(cg[i]);
-      store(w, group, o + g * group);
+      radixserve::store(w, group, o + g * group);
     }
 #endif
   }
@@ -117,7 +84,7 @@ __attribute__((optimize("fp-contract=off"))) void int4_rows(const int16_t* words
         float v[32];
 #pragma omp simd
         for (int j = 0; j < 32; ++j) v[j] = s * static_cast<float>((static_cast<uint16_t>(w[j]) >> (4 * t)) & 15) + l;
-        store(v, 32, o + b * 128 + t * 32);
+        radixserve::store(v, 32, o + b * 128 + t * 32);
       }
     }
   }

@@ -27,6 +27,7 @@
 
 #include "group_scales.h"
 #include "row_count.h"
+#include "weight_store.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -249,15 +250,7 @@ at::Tensor dequant_q6_rows(const at::Tensor& w, const at::Tensor& scales, int64_
                                                               : _mm512_castsi512_si256(ordered));
               const __m512 code = _mm512_cvtepi32_ps(_mm512_sub_epi32(wide, _mm512_set1_epi32(32)));
               const __m512 v = _mm512_mul_ps(_mm512_set1_ps(scale[(at + 16 * half) / group]), code);
-              if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-                const __m512i bits = _mm512_castps_si512(v);
-                const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-                const __m512i rounded =
-                    _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), odd), 16);
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(op + row * k + at + 16 * half), _mm512_cvtepi32_epi16(rounded));
-              } else {
-                _mm512_storeu_ps(reinterpret_cast<float*>(op + row * k + at + 16 * half), v);
-              }
+              radixserve::store16(v, op + row * k + at + 16 * half);
             }
           }
 #else
@@ -267,13 +260,7 @@ at::Tensor dequant_q6_rows(const at::Tensor& w, const at::Tensor& scales, int64_
               const int u = ((word >> (4 * t)) & 15) | (((block[64 + j] >> (2 * t)) & 3) << 4);
               const int64_t at = b * kBlock + t * 32 + code_at(j);
               const float v = scale[at / group] * static_cast<float>(u - 32);
-              if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-                uint32_t bits;  // round to nearest even, as group_dequant.cpp's store
-                std::memcpy(&bits, &v, sizeof(bits));
-                op[row * k + at].x = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-              } else {
-                op[row * k + at] = v;
-              }
+              radixserve::store(&v, 1, op + row * k + at);
             }
 #endif
         }

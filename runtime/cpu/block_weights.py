@@ -13,12 +13,12 @@ The kinds:
   are bf16 and the CPU has bf16 dot products (kernels/csrc/q6_gemv.cpp);
 - Int4Blocks: Q4_K, Q4_0 and Q4_1 as 4-bit codes + scales and lows in the layout of
   kernels/csrc/int4_gemv.cpp (AVX-512): half a byte a weight and a sixteenth more;
-Group scales are held in compact_scales' form: float16 where the format's are, k-quants' as a
-byte a group times a float32 step a super-block (their own d times small integers), exactly.
 - TorchInt4Blocks: the same codes in torch's int4 layout (`_weight_int4pack_mm_for_cpu`) where
   the CPU lacks AVX-512; it serves wide products too, and cannot give rows back;
 - DenseBlocks: a tensor the file ships unquantized or in a format with no kernel here (F16,
   BF16, Q5_K, ...), or whose rows the model reorders (Llama's q and k), in the activations' dtype.
+Group scales are held in compact_scales' form: float16 where the format's are, k-quants' as a
+byte a group times a float32 step a super-block (their own d times small integers), exactly.
 """
 
 from __future__ import annotations
@@ -98,21 +98,16 @@ class Int8Blocks:
     def few(self, x: torch.Tensor) -> torch.Tensor:
         return ops().group_gemv(x, self.codes, self.scales, self.group, self.steps)  # type: ignore[union-attr]
 
-    def _weights(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        rows, k = codes.shape
-        w = codes.reshape(rows, k // self.group, self.group).float() * scales[..., None]
-        return w.reshape(rows, k).to(dtype)
-
     def dequantize(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
         return ops().dequant_int8_groups(self.codes[start:stop], self.scales[start:stop], self.group, dtype,  # type: ignore[union-attr]
                                          _rows_of(self.steps, start, stop))
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        scales = expand_scales(self.scales.index_select(0, ids), _pick(self.steps, ids))
-        return self._weights(self.codes.index_select(0, ids), scales, dtype)
+        return ops().dequant_int8_groups(self.codes.index_select(0, ids), self.scales.index_select(0, ids),  # type: ignore[union-attr]
+                                         self.group, dtype, _pick(self.steps, ids))
 
     def nbytes(self) -> int:
-        return _nbytes(self.codes, self.scales, *([] if self.steps is None else [self.steps]))
+        return _nbytes(self.codes, self.scales, self.steps)
 
 
 class Q6Blocks:
@@ -154,7 +149,7 @@ class Q6Blocks:
         return weights.view(-1, 4, k)[torch.arange(len(ids)), ids % 4]
 
     def nbytes(self) -> int:
-        return _nbytes(self.packed, self.scales, *([] if self.steps is None else [self.steps]))
+        return _nbytes(self.packed, self.scales, self.steps)
 
 
 class Int4Blocks:
@@ -217,8 +212,7 @@ class Int4Blocks:
         return self._weights(self._codes(words), scales, lows, dtype)
 
     def nbytes(self) -> int:
-        steps = [t for t in (self.scale_steps, self.low_steps) if t is not None]
-        return _nbytes(self.packed, self.scales, self.lows, *steps)
+        return _nbytes(self.packed, self.scales, self.lows, self.scale_steps, self.low_steps)
 
 
 class TorchInt4Blocks:
@@ -273,8 +267,9 @@ class DenseBlocks:
         return _nbytes(self.weight)
 
 
-def _nbytes(*tensors: torch.Tensor) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+def _nbytes(*tensors: torch.Tensor | None) -> int:
+    """Bytes of the tensors held (None: a part this weight does not have, e.g. no scale steps)."""
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
 def block_weight(groups: Int4Groups | PackedInt4Groups | Int8Groups | torch.Tensor, dtype: torch.dtype,
