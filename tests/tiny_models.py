@@ -13,8 +13,8 @@ COMMON = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=96, num_h
 
 
 def tiny_config(family: str):  # noqa: ANN201 - a transformers config
-    from transformers import (Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen2MoeConfig,
-                              Qwen3Config, Qwen3MoeConfig)
+    from transformers import (Gemma3TextConfig, GptOssConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
+                              Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig)
 
     if family == "llama":
         return LlamaConfig(**COMMON, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -50,12 +50,27 @@ def tiny_config(family: str):  # noqa: ANN201 - a transformers config
                                            "long_factor": [2.0 + 0.5 * i for i in range(rot_half)]})
     if family == "phi3_plain":  # Phi-4's shape: full rotary, no RoPE scaling, no window, untied
         return Phi3Config(**COMMON, tie_word_embeddings=False, pad_token_id=0, bos_token_id=2, eos_token_id=1)
+    if family == "gpt_oss":  # sinks, sliding/full layers alternating (window 6 < the prompts), YaRN, 8 experts top-2
+        return GptOssConfig(**{**COMMON, "num_hidden_layers": 4, "intermediate_size": 32}, head_dim=16,
+                            num_local_experts=8, num_experts_per_tok=2, sliding_window=6, swiglu_limit=1.5,
+                            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                             "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                             "original_max_position_embeddings": 128},
+                            tie_word_embeddings=False, pad_token_id=0, bos_token_id=2, eos_token_id=1)
     raise ValueError(family)
 
 
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen3_moe", "qwen2_moe", "phi3"]
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen3_moe", "qwen2_moe", "phi3", "gpt_oss"]
 # Variants of a family above that only the model parity test runs (cheap, and nothing else differs).
 VARIANTS = ["smollm"]
+
+
+def _exercise_gpt_oss(name: str, param: torch.Tensor) -> None:
+    """Sinks of a few units, nonzero biases, and expert gates large enough to reach the SwiGLU clamp."""
+    if name.endswith(("sinks", "bias")):
+        param.copy_(torch.randn_like(param) * (1.0 if name.endswith("sinks") else 0.3))
+    elif name.endswith("experts.gate_up_proj"):
+        param.mul_(15.0)
 
 
 def save_tiny_model(family: str, folder: Path, seed: int = 0) -> Path:
@@ -70,6 +85,8 @@ def save_tiny_model(family: str, folder: Path, seed: int = 0) -> Path:
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.add_(torch.randn_like(param) * 0.1)
+            if family == "gpt_oss":  # init leaves biases at 0 and sinks and experts too small to matter
+                _exercise_gpt_oss(name, param)
     model.save_pretrained(str(folder))
     from tests.tiny_tokenizer import save_tiny_tokenizer  # noqa: PLC0415
 

@@ -3,6 +3,7 @@ expert only on the tokens routed to it, add the weighted outputs back (plus a sh
 the family has one).
 
     router logits -> softmax (float32) -> top-k -> the family's renormalisation (norm_topk_prob)
+    (gpt-oss: top-k of the logits, then a softmax over the k: route_top_logits)
     -> the (token, k) copies sorted by expert id -> each expert's gated MLP on its contiguous group
     -> each row scaled by its routing weight -> scatter-added into its token's row
 
@@ -60,15 +61,24 @@ def group_by_expert(experts: torch.Tensor, num_experts: int) -> ExpertGroups:
     return ExpertGroups(torch.div(slots, experts.shape[1], rounding_mode="floor"), slots, counts)
 
 
-class Router(nn.Module):
-    """A bias-free projection to `outputs` logits (the router, or Qwen2-MoE's shared-expert gate)."""
+def route_top_logits(logits: torch.Tensor, top_k: int) -> Routing:
+    """gpt-oss's routing: the top k of the raw router logits, then a softmax over those k alone
+    (in float32, cast back: the same weights as the reference's softmax in the logits' dtype at fp32)."""
+    top, experts = torch.topk(logits, top_k, dim=-1)
+    return Routing(torch.softmax(top, dim=-1, dtype=torch.float32).to(logits.dtype), experts)
 
-    def __init__(self, hidden_size: int, outputs: int) -> None:
+
+class Router(nn.Module):
+    """A projection to `outputs` logits (the router, or Qwen2-MoE's shared-expert gate); bias-free
+    but where the family's router has one (gpt-oss)."""
+
+    def __init__(self, hidden_size: int, outputs: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(outputs, hidden_size))
+        self.bias = nn.Parameter(torch.empty(outputs)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return F.linear(x, self.weight, self.bias)
 
 
 class StackedExperts(nn.Module):

@@ -18,6 +18,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen2MoeForCausalLM": ("runtime.models.qwen_moe", "Qwen2MoeForCausalLM"),
     "Qwen3MoeForCausalLM": ("runtime.models.qwen_moe", "Qwen3MoeForCausalLM"),
     "Phi3ForCausalLM": ("runtime.models.phi3", "Phi3ForCausalLM"),
+    "GptOssForCausalLM": ("runtime.models.gpt_oss", "GptOssForCausalLM"),
 }
 
 
