@@ -52,7 +52,7 @@ def tiny_config(family: str):  # noqa: ANN201 - a transformers config
         return Phi3Config(**COMMON, tie_word_embeddings=False, pad_token_id=0, bos_token_id=2, eos_token_id=1)
     if family == "gpt_oss":  # sinks, sliding/full layers alternating (window 6 < the prompts), YaRN, 8 experts top-2
         return GptOssConfig(**{**COMMON, "num_hidden_layers": 4, "intermediate_size": 32}, head_dim=16,
-                            num_local_experts=8, num_experts_per_tok=2, sliding_window=6, swiglu_limit=1.5,
+                            num_local_experts=8, num_experts_per_tok=2, sliding_window=6,
                             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                              "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                                              "original_max_position_embeddings": 128},
@@ -70,7 +70,7 @@ def _exercise_gpt_oss(name: str, param: torch.Tensor) -> None:
     if name.endswith(("sinks", "bias")):
         param.copy_(torch.randn_like(param) * (1.0 if name.endswith("sinks") else 0.3))
     elif name.endswith("experts.gate_up_proj"):
-        param.mul_(15.0)
+        param.mul_(50.0)
 
 
 def save_tiny_model(family: str, folder: Path, seed: int = 0) -> Path:

