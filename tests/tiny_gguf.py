@@ -115,7 +115,7 @@ HF_TO_GGUF = {
 def write_gguf_from_hf(folder: Path, path: Path, arch: str,
                        kinds: dict[str, GGMLQuantizationType] | None = None, split_max_tensors: int = 0) -> None:
     """Write the tiny Hugging Face model in `folder` (tests/tiny_models.py) as a float32 GGUF of
-    architecture `arch` (llama, qwen3, qwen3moe, qwen2moe, phi3) as llama.cpp writes one: experts stacked
+    architecture `arch` (llama, qwen3, qwen3moe, qwen2moe, phi3, gpt-oss) as llama.cpp writes one: experts stacked
     [E, rows, cols], a Llama file's q and k rows reordered for interleaved RoPE, Phi-3's LongRoPE
     factors as tensors and its fused q/k/v and gate/up as they are. `kinds`: matrices
     quantized instead, by GGUF tensor name without `blk.N.` (`*` for the rest; 2-D and 3-D).
@@ -139,7 +139,11 @@ def write_gguf_from_hf(folder: Path, path: Path, arch: str,
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"] if getattr(config, "rope_parameters", None)
                               else config.rope_theta)
-    if getattr(config, "num_experts", 0):
+    if arch == "gpt-oss":
+        from tests.tiny_gguf_gpt_oss import add_gpt_oss_metadata
+
+        add_gpt_oss_metadata(writer, config)
+    elif getattr(config, "num_experts", 0):
         writer.add_expert_count(config.num_experts)
         writer.add_expert_used_count(config.num_experts_per_tok)
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
@@ -173,8 +177,15 @@ def write_gguf_from_hf(folder: Path, path: Path, arch: str,
         packed = quantize(array, kind)
         writer.add_tensor(gguf_name, packed, raw_shape=packed.shape, raw_dtype=kind)
 
+    if arch == "gpt-oss":
+        from tests.tiny_gguf_gpt_oss import gpt_oss_tensors
+
+        for gguf_name, array in gpt_oss_tensors(state):
+            add(gguf_name, array)
     layers: dict[int, dict[str, dict[int, torch.Tensor]]] = {}
     for name, tensor in state.items():
+        if arch == "gpt-oss" and name.startswith("model.layers."):
+            continue
         if name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
             gguf = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                     "lm_head.weight": "output.weight"}[name]

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from gguf import GGUFReader
 
+from runtime.loading.gguf_gpt_oss import GPT_OSS_LAYER_NAMES, GPT_OSS_SWIGLU, GPT_OSS_YARN_BETAS, gpt_oss_down_proj
+
 # Tensor names every supported family shares: GGUF (after "blk.N.") -> Hugging Face (after
 # "model.layers.N.").
 _COMMON_LAYER_NAMES = {
@@ -348,6 +350,38 @@ def phi3_shards(config: dict[str, object]) -> dict[str, list[tuple[str, int]]]:
             "mlp.gate_up_proj.weight": [("mlp.gate_proj.weight", ffn), ("mlp.up_proj.weight", ffn)]}
 
 
+def gpt_oss_config(reader: GGUFReader) -> dict[str, object]:
+    """Build a Hugging Face `GptOssConfig` dict from GGUF metadata: sliding-window layers first and
+    then every other one (llama.cpp's pattern of 2), YaRN from the file's factor and pretraining
+    length (betas and the SwiGLU clamp are what llama.cpp's gpt-oss graph fixes), biases, sinks."""
+    arch = "gpt-oss"
+    config = _shared_config(reader, arch)
+    layers = int(config["num_hidden_layers"])
+    scaling = str(_field(reader, f"{arch}.rope.scaling.type", "none"))
+    if scaling not in ("yarn", "none"):
+        raise ValueError(f"GGUF gpt-oss: RoPE scaling {scaling!r} is not gpt-oss's (yarn)")
+    rope: dict[str, object] = {"rope_type": "default"} if scaling == "none" else {
+        "rope_type": "yarn", "factor": float(_field(reader, f"{arch}.rope.scaling.factor")),
+        "original_max_position_embeddings": int(_field(reader, f"{arch}.rope.scaling.original_context_length")),
+        **GPT_OSS_YARN_BETAS}
+    return {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        **config,
+        "head_dim": int(_field(reader, f"{arch}.attention.key_length")),
+        "intermediate_size": int(_field(reader, f"{arch}.expert_feed_forward_length")),
+        "num_local_experts": int(_field(reader, f"{arch}.expert_count")),
+        "num_experts_per_tok": int(_field(reader, f"{arch}.expert_used_count")),
+        "sliding_window": int(_field(reader, f"{arch}.attention.sliding_window")),
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+        "rope_scaling": {**rope, "rope_theta": config["rope_theta"]},
+        "attention_bias": True,
+        "hidden_act": "silu",
+        **GPT_OSS_SWIGLU,
+        "output_router_logits": False,
+    }
+
+
 class _Renamed:
     """A reader whose `<alias>.*` metadata keys read the `<arch>.*` ones (a MoE family's config is its
     dense sibling's plus the experts)."""
@@ -380,6 +414,7 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "qwen3moe": GGUFArchitecture(qwen3moe_config, _QWEN3MOE_LAYER_NAMES),
     "qwen2moe": GGUFArchitecture(qwen2moe_config, _QWEN2MOE_LAYER_NAMES),
     "phi3": GGUFArchitecture(phi3_config, _PHI3_LAYER_NAMES, shards=phi3_shards),
+    "gpt-oss": GGUFArchitecture(gpt_oss_config, GPT_OSS_LAYER_NAMES, transform=gpt_oss_down_proj),
 }
 SUPPORTED_GGUF_ARCHITECTURES = tuple(GGUF_ARCHITECTURES)
 
