@@ -12,7 +12,8 @@ import numpy as np
 import torch
 from gguf import GGUFReader
 
-from runtime.loading.gguf_gpt_oss import GPT_OSS_LAYER_NAMES, GPT_OSS_SWIGLU, GPT_OSS_YARN_BETAS, gpt_oss_down_proj
+from runtime.loading.gguf_gpt_oss import (
+    GPT_OSS_END_TOKENS, GPT_OSS_LAYER_NAMES, GPT_OSS_SWIGLU, GPT_OSS_YARN_BETAS, gpt_oss_down_proj)
 
 # Tensor names every supported family shares: GGUF (after "blk.N.") -> Hugging Face (after
 # "model.layers.N.").
@@ -305,7 +306,7 @@ def phi3_config(reader: GGUFReader) -> dict[str, object]:
         "architectures": ["Phi3ForCausalLM"],
         "model_type": "phi3",
         **config,
-        "eos_token_id": _phi3_eos(reader, int(config["eos_token_id"])),
+        "eos_token_id": _end_tokens(reader, int(config["eos_token_id"]), PHI3_END_TOKENS),
         "original_max_position_embeddings": int(_field(reader, "phi3.rope.scaling.original_context_length",
                                                        config["max_position_embeddings"])),
         "partial_rotary_factor": int(_field(reader, "phi3.rope.dimension_count", head_dim)) / head_dim,
@@ -334,9 +335,10 @@ def phi3_config(reader: GGUFReader) -> dict[str, object]:
 PHI3_END_TOKENS = ("<|end|>", "<|endoftext|>")
 
 
-def _phi3_eos(reader: GGUFReader, eos: int) -> int | list[int]:
+def _end_tokens(reader: GGUFReader, eos: int, texts: tuple[str, ...]) -> int | list[int]:
+    """The file's eos and the ids of the family's other end-of-generation tokens, by their text."""
     tokens = [str(t) for t in _field(reader, "tokenizer.ggml.tokens")]  # type: ignore[union-attr]
-    ends = sorted({eos, *(i for i, t in enumerate(tokens) if t in PHI3_END_TOKENS)})
+    ends = sorted({eos, *(i for i, t in enumerate(tokens) if t in texts)})
     return ends if len(ends) > 1 else eos
 
 
@@ -375,6 +377,7 @@ def gpt_oss_config(reader: GGUFReader) -> dict[str, object]:
         "sliding_window": int(_field(reader, f"{arch}.attention.sliding_window")),
         "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
         "rope_scaling": {**rope, "rope_theta": config["rope_theta"]},
+        "eos_token_id": _end_tokens(reader, int(config["eos_token_id"]), GPT_OSS_END_TOKENS),
         "attention_bias": True,
         "hidden_act": "silu",
         **GPT_OSS_SWIGLU,

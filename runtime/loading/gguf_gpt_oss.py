@@ -34,6 +34,9 @@ GPT_OSS_LAYER_NAMES = {
     "ffn_up_exps.bias": "mlp.experts.up_proj_bias",
     "ffn_down_exps.bias": "mlp.experts.down_proj_bias",
 }
+# The harmony format's ends of a turn, as the model's generation_config.json lists them: a final
+# answer (<|return|>), a tool call (<|call|>), and plain text's end; llama.cpp stops at each by its text.
+GPT_OSS_END_TOKENS = ("<|return|>", "<|call|>", "<|endoftext|>")
 # What llama.cpp's gpt-oss graph fixes and the file does not record.
 GPT_OSS_SWIGLU = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}
 GPT_OSS_YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}

@@ -80,7 +80,12 @@ def _greedy_matches(gguf: Path, reference: Path) -> None:
 
 
 def test_a_gpt_oss_gguf_converts_to_the_model_it_came_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also: the harmony format's <|return|> and <|call|> (in the vocabulary by their text) end a turn."""
+    import tests.tiny_gguf
+
     monkeypatch.setenv("RADIXSERVE_HOME", str(tmp_path / "home"))
+    vocab = tests.tiny_gguf.tiny_vocab()
+    monkeypatch.setattr(tests.tiny_gguf, "tiny_vocab", lambda: vocab[:270] + ["<|return|>", "<|call|>"])
     folder = save_tiny_model("gpt_oss", tmp_path / "gpt_oss")
     gguf = tmp_path / "tiny-gpt-oss.gguf"
     write_gguf_from_hf(folder, gguf, "gpt-oss")
@@ -90,6 +95,7 @@ def test_a_gpt_oss_gguf_converts_to_the_model_it_came_from(tmp_path: Path, monke
                 "intermediate_size", "swiglu_limit", "swiglu_alpha", "attention_bias", "tie_word_embeddings"):
         assert getattr(got, key) == getattr(want, key), key
     assert got.rope_parameters == want.rope_parameters
+    assert got.eos_token_id == [1, 270, 271]
     _logits_match(converted, folder)
     _greedy_matches(gguf, folder)
 
