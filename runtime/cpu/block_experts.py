@@ -16,7 +16,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from runtime.cpu.block_linear import BlockLinear, Groups, merge_parts
+from runtime.cpu.block_cache import BlockStore
+from runtime.cpu.block_linear import BlockLinear, Groups, built_weights, merge_parts
 from runtime.cpu.block_weights import block_weight
 from runtime.layers.moe import StackedExperts
 from runtime.loading.gguf_groups import expert_weight_name
@@ -40,7 +41,8 @@ class BlockExperts(nn.Module):
         return sum(layer.nbytes() for layer in (*self.gate_up, *self.down))
 
 
-def swap_in_block_experts(model: nn.Module, groups: Mapping[str, Groups], dtype: torch.dtype) -> set[str]:
+def swap_in_block_experts(model: nn.Module, groups: Mapping[str, Groups], dtype: torch.dtype,
+                          store: BlockStore | None = None) -> set[str]:
     """Put BlockExperts in place of every StackedExperts whose experts the file ships quantized
     (every projection of every expert kept as codes); returns the per-expert names now served."""
     covered: set[str] = set()
@@ -54,9 +56,12 @@ def swap_in_block_experts(model: nn.Module, groups: Mapping[str, Groups], dtype:
             if not all(name in groups for expert in names for name in expert):
                 continue
             gate_up, down = [], []
-            for gate, up, down_name in names:
-                gate_up.append(BlockLinear([block_weight(p, dtype) for p in merge_parts([groups[gate], groups[up]])], None))
-                down.append(BlockLinear([block_weight(groups[down_name], dtype)], None))
+            gate_up_shape, down_shape = tuple(child.gate_up_proj.shape[1:]), tuple(child.down_proj.shape[1:])
+            for e, (gate, up, down_name) in enumerate(names):
+                gate_up.append(BlockLinear(built_weights(store, f"{prefix}.{e}.gate_up", gate_up_shape, lambda: [
+                    block_weight(p, dtype) for p in merge_parts([groups[gate], groups[up]])]), None))
+                down.append(BlockLinear(built_weights(store, f"{prefix}.{e}.down", down_shape, lambda: [
+                    block_weight(groups[down_name], dtype)]), None))
                 covered.update((gate, up, down_name))
             setattr(parent, attr, BlockExperts(child, gate_up, down))
     return covered  # experts the file ships unquantized stay stacked tensors

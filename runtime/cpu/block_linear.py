@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
+from runtime.cpu.block_cache import BlockStore
 from runtime.cpu.block_weights import FEW_ROWS, BlockWeight, DenseBlocks, block_weight
 from runtime.cpu.kernel_linear import linear_kernel, packing_supported
 from runtime.layers.output_layer import OutputLayer
@@ -165,12 +166,20 @@ def merge_parts(parts: list[Groups | torch.Tensor]) -> list[Groups | torch.Tenso
     return merged
 
 
+def built_weights(store: BlockStore | None, key: str, shape: tuple[int, int],
+                  build: Callable[[], list[BlockWeight]]) -> list[BlockWeight]:
+    """Layer `key`'s parts: kept by `store` from an earlier start where it has them, else `build()`'s."""
+    return build() if store is None else store.weights(key, shape, build)
+
+
 def swap_in_blocks(model: nn.Module, groups: Mapping[str, Groups], dense: Callable[[str], torch.Tensor],
-                   dtype: torch.dtype, output_name: str) -> set[str]:
+                   dtype: torch.dtype, output_name: str, store: BlockStore | None = None) -> set[str]:
     """Put block layers in place of every nn.Linear (the output head included) and the token
     embedding whose weights the checkpoint ships quantized (`groups`: Hugging Face weight name ->
     its codes); the shards of a fused projection the file ships unquantized come from `dense(name)`.
-    Returns the checkpoint names now served, which the caller must not load into the model."""
+    `store` (runtime/cpu/block_cache.py): the layers as an earlier start built them, read back
+    instead of decoded and repacked. Returns the checkpoint names now served, which the caller
+    must not load into the model."""
     covered: set[str] = set()
     for parent_name, parent in list(model.named_modules()):
         for attr, child in list(parent.named_children()):
@@ -180,18 +189,20 @@ def swap_in_blocks(model: nn.Module, groups: Mapping[str, Groups], dense: Callab
                          for shard in FUSED_FROM.get(attr, [attr])]
                 if not any(name in groups for name in names):
                     continue
-                parts = merge_parts([groups[name] if name in groups else dense(name) for name in names])
-                setattr(parent, attr, BlockLinear([block_weight(p, dtype) for p in parts], child.bias,
-                                                  getattr(child, "shard_sizes", None)))
+                parts = built_weights(store, prefix, (child.out_features, child.in_features), lambda: [
+                    block_weight(p, dtype) for p in merge_parts([groups[n] if n in groups else dense(n) for n in names])])
+                setattr(parent, attr, BlockLinear(parts, child.bias, getattr(child, "shard_sizes", None)))
                 covered.update(name for name in names)
             elif type(child) is nn.Embedding and f"{prefix}.weight" in groups:
-                setattr(parent, attr, BlockEmbedding(block_weight(groups[f"{prefix}.weight"], dtype, need_rows=True), dtype))
+                [weight] = built_weights(store, prefix, (child.num_embeddings, child.embedding_dim), lambda: [
+                    block_weight(groups[f"{prefix}.weight"], dtype, need_rows=True)])
+                setattr(parent, attr, BlockEmbedding(weight, dtype))
                 covered.add(f"{prefix}.weight")
     if output_name in groups:
         covered.add(output_name)
     from runtime.cpu.block_experts import swap_in_block_experts  # it builds on this file's layers
 
-    covered |= swap_in_block_experts(model, groups, dtype)
+    covered |= swap_in_block_experts(model, groups, dtype, store)
     served = [m for m in model.modules() if isinstance(m, (BlockLinear, BlockEmbedding))]
     dense_parts = sum(isinstance(p, DenseBlocks) for m in served if isinstance(m, BlockLinear) for p in m.parts)
     logger.info("gguf: %d layers served from the file's codes (%.2f GiB), %d parts of them dequantized",

@@ -39,6 +39,8 @@ FEW_ROWS = 8  # the most rows one call of the group and int4 kernels takes
 
 class BlockWeight(Protocol):
     shape: tuple[int, int]
+    kept_tensors: tuple[str, ...]  # the tensors and plain attributes runtime/cpu/block_cache.py
+    kept_attrs: tuple[str, ...]  # keeps, from which it makes the weight again with no other work
 
     def few(self, x: torch.Tensor) -> torch.Tensor: ...
 
@@ -89,6 +91,7 @@ class Int8Blocks:
     """w[n, k] = scales[n, k // group] * codes[n, k] (scales in compact_scales' form)."""
 
     wide_itself = False
+    kept_tensors, kept_attrs = ("codes", "scales", "steps"), ("shape", "group")
 
     def __init__(self, groups: Int8Groups) -> None:
         self.codes = groups.codes.contiguous()
@@ -116,6 +119,7 @@ class Q6Blocks:
     int8 kernel would stream 8 bits a weight. w[n, k] = scales[n, k // group] * codes[n, k]."""
 
     wide_itself = False
+    kept_tensors, kept_attrs = ("packed", "scales", "steps"), ("shape", "group")
     row_multiple = 4  # dequantize() takes whole quads
 
     def __init__(self, groups: Int8Groups) -> None:
@@ -157,6 +161,7 @@ class Int4Blocks:
     of 128 codes as 32 16-bit words (word j: codes j, 32 + j, 64 + j, 96 + j), rows in quads."""
 
     wide_itself = False
+    kept_tensors, kept_attrs = ("packed", "scales", "scale_steps", "lows", "low_steps"), ("shape",)
     row_multiple = 4  # dequantize() takes whole quads
     kernel_rows = 2 * FEW_ROWS  # two passes of the kernel beat dequantized slices up to here (block_linear.py)
 
@@ -220,6 +225,7 @@ class TorchInt4Blocks:
     other dtypes are cast in and out). Torch's kernel serves products of any number of rows."""
 
     wide_itself = True
+    kept_tensors, kept_attrs = ("packed", "scales_and_zeros"), ("shape",)
 
     def __init__(self, groups: Int4Groups) -> None:
         self.shape = groups.shape
@@ -249,6 +255,7 @@ class DenseBlocks:
     """A weight held in the activations' dtype."""
 
     wide_itself = False
+    kept_tensors, kept_attrs = ("weight",), ("shape",)
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight = weight.contiguous()

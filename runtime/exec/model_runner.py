@@ -54,10 +54,13 @@ def load_model(folder: Path, config: object, dtype: torch.dtype, device: torch.d
         model = cls(config)
     served: frozenset[str] = frozenset()
     if blocks:
+        from runtime.cpu.block_cache import BlockStore
         from runtime.cpu.block_linear import swap_in_blocks
 
         output_name = "model.embed_tokens.weight" if getattr(model, "lm_head", None) is None else "lm_head.weight"
-        served = frozenset(swap_in_blocks(model, KeptGroups(folder), tensor_reader(folder), dtype, output_name))
+        store = BlockStore(folder, dtype)  # the layers as the first start built them (runtime/cpu/block_cache.py)
+        served = frozenset(swap_in_blocks(model, KeptGroups(folder), tensor_reader(folder), dtype, output_name, store))
+        store.finish()
     model.to_empty(device=device)
     model.to(dtype)
     if load_format == "dummy":

@@ -1,0 +1,118 @@
+"""The block layers kept after a GGUF's first start (runtime/cpu/block_cache.py): a later start maps
+them and serves the very same weights without decoding or repacking any; a damaged, stale or
+unwritable file is built again (or not kept), never served."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from runtime import Engine
+from runtime.cpu import block_cache
+from runtime.cpu.block_linear import BlockEmbedding, BlockLinear
+from runtime.exec.model_runner import load_config, load_model
+from runtime.loading.default_model import build_model_dir
+from tests.tiny_gguf import write_tiny_gemma3_gguf
+
+block_linear = importlib.import_module("runtime.cpu.block_linear")
+CPU = torch.device("cpu")
+GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    write_tiny_gemma3_gguf(tmp_path / "tiny.gguf", mixed=True)  # Q5_0, Q8_0, 4-bit and float tensors
+    return build_model_dir(tmp_path / "tiny.gguf", tmp_path / "model", progress=False, full=False)
+
+
+def load(folder: Path, dtype: torch.dtype) -> nn.Module:
+    return load_model(folder, load_config(folder), dtype, CPU, blocks=True)
+
+
+def held(model: nn.Module) -> dict[str, list[tuple[str, dict[str, object]]]]:
+    """Every block layer's parts: their kind and everything the kind keeps."""
+    out = {}
+    for name, module in model.named_modules():
+        parts = module.parts if isinstance(module, BlockLinear) else [module.weight] if isinstance(module, BlockEmbedding) else None
+        if parts is not None:
+            out[name] = [(type(p).__name__, {f: getattr(p, f) for f in (*p.kept_tensors, *p.kept_attrs)}) for p in parts]
+    return out
+
+
+def assert_same(a: nn.Module, b: nn.Module) -> None:
+    left, right = held(a), held(b)
+    assert left.keys() == right.keys() and left
+    for name in left:
+        for (kind_a, fields_a), (kind_b, fields_b) in zip(left[name], right[name], strict=True):
+            assert kind_a == kind_b, name
+            for field, value in fields_a.items():
+                other = fields_b[field]
+                same = torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other
+                assert same and (not isinstance(value, torch.Tensor) or value.dtype == other.dtype), (name, field)
+    layer = "model.layers.0.mlp.gate_up_proj"
+    x = torch.randn(40, 64).to(next(a.parameters()).dtype)
+    for rows in (1, 3, 40):  # the kernels over codes, and dequantized slices
+        assert torch.equal(dict(a.named_modules())[layer](x[:rows]), dict(b.named_modules())[layer](x[:rows]))
+
+
+def refuse_building(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a kept layer was built again")
+
+    monkeypatch.setattr(block_linear, "block_weight", refuse)
+    monkeypatch.setattr(importlib.import_module("runtime.cpu.block_experts"), "block_weight", refuse)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_later_start_maps_the_kept_layers(folder: Path, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = load(folder, dtype)
+    [kept] = folder.glob("blocks-*.st")
+    refuse_building(monkeypatch)
+    second = load(folder, dtype)
+    assert_same(first, second)
+    assert kept.is_file() and list(folder.glob("blocks-*")) == [kept]
+
+
+def test_a_damaged_file_is_built_again(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = load(folder, torch.float32)
+    [kept] = folder.glob("blocks-*.st")
+    size = kept.stat().st_size
+    with open(kept, "r+b") as f:  # truncated, as by a full disk or a killed first start
+        f.truncate(size // 2)
+    again = load(folder, torch.float32)
+    assert_same(first, again)
+    assert kept.stat().st_size == size  # written again, whole
+    kept.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}   ")  # a header that lies
+    assert_same(first, load(folder, torch.float32))
+    refuse_building(monkeypatch)
+    assert_same(first, load(folder, torch.float32))  # and read from then on
+
+
+def test_one_file_per_folder_and_an_unwritable_folder_still_serves(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    load(folder, torch.float32)
+    [fp32] = folder.glob("blocks-*.st")
+    load(folder, torch.bfloat16)
+    [bf16] = folder.glob("blocks-*.st")  # the other dtype's file replaced it
+    assert bf16 != fp32
+    bf16.unlink()
+
+    def no_room(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(block_cache, "write_blocks", no_room)
+    assert held(load(folder, torch.bfloat16))
+    assert not list(folder.glob("blocks-*"))
+
+
+def test_the_engine_generates_the_same_from_the_kept_layers(folder: Path) -> None:
+    prompt = [[2, 270, 271, 272, 273]]
+    outs = []
+    for _ in range(2):  # the first start builds and keeps the layers; the second maps them
+        with Engine(model=str(folder), dtype="bfloat16", quantization="gguf", kv_cache_tokens=128) as engine:
+            outs.append(engine.generate(input_ids=prompt, sampling_params=GREEDY)[0].token_ids)
+    assert outs[0] == outs[1] and len(outs[0]) == GREEDY["max_new_tokens"]
+    assert len(list(folder.glob("blocks-*.st"))) == 1
