@@ -27,6 +27,7 @@ from runtime.lora.apply import LoraBatch, find_targets, wrap_targets
 from runtime.loading.gguf_groups import read_int4_groups
 from runtime.models import model_class, unreadable_config
 from runtime.loading.kept_groups import KeptGroups
+from runtime.loading.transformers_import import skip_hub_kernels_probe
 from runtime.models.weights import dummy_init, iterate_weights, tensor_reader
 from runtime.step.contract import BatchEntry
 from runtime.step.forward_batch import ForwardBatch, HostBatch
@@ -36,6 +37,7 @@ GiB = 2**30
 
 
 def load_config(folder: Path) -> object:
+    skip_hub_kernels_probe()
     from transformers import AutoConfig
 
     try:

@@ -13,6 +13,8 @@ import logging
 from pathlib import Path
 from typing import Sequence
 
+from runtime.loading.transformers_import import skip_hub_kernels_probe
+
 # Families whose checkpoints degenerate without BOS first (Gemma's tokenizer may not add it).
 _NEEDS_BOS = ("gemma",)
 logger = logging.getLogger(__name__)
@@ -21,6 +23,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.m
 
 class Tokenizer:
     def __init__(self, folder: Path, model_type: str = "") -> None:
+        skip_hub_kernels_probe()
         from transformers import AutoTokenizer
 
         self.hf = None
