@@ -158,6 +158,8 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest, top_logprobs: int
         plan.tool_parser = generic
     if not constraint.params or constraint.tool == "auto":  # a JSON constraint leaves no room to reason
         plan.reasoning = _reasoning(state, body, prompt)
+        if plan.reasoning is not None and plan.reasoning.needs_special_tokens:
+            overrides["skip_special_tokens"] = False  # the harmony channels are special tokens
     plan.params = sampling_params(body, default_max=max(engine.context_len - len(ids), 1),
                                   extra_stop=tokenizer.chat_stop_strings, top_logprobs=top_logprobs,
                                   constraint=constraint, overrides=overrides)

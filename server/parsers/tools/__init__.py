@@ -18,6 +18,7 @@ from server.parsers.tools.base import (
 )
 from server.parsers.tools.gemma import GemmaParser
 from server.parsers.tools.grammar import structural_tag
+from server.parsers.tools.harmony import HarmonyParser
 from server.parsers.tools.hermes import HermesParser
 from server.parsers.tools.llama3 import Llama3JsonParser
 from server.parsers.tools.mistral import MistralParser
@@ -25,11 +26,12 @@ from server.parsers.tools.pythonic import PythonicParser
 from server.parsers.tools.qwen25_coder import Qwen25CoderParser
 
 PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser,
-                                                             PythonicParser, GemmaParser, Qwen25CoderParser)}
+                                                             PythonicParser, GemmaParser, Qwen25CoderParser,
+                                                             HarmonyParser)}
 # The names vLLM and SGLang users already type.
 ALIASES = {"qwen": "hermes", "qwen25": "hermes", "qwen2_5": "hermes", "qwen3": "hermes", "llama3_json": "llama3",
            "llama": "llama3", "llama4_pythonic": "pythonic", "gemma3": "gemma",
-           "qwen2_5_coder": "qwen25_coder"}
+           "qwen2_5_coder": "qwen25_coder", "gpt-oss": "gpt_oss", "openai": "gpt_oss", "harmony": "gpt_oss"}
 CHOICES = ("auto", "none", *PARSERS, *ALIASES)
 
 
@@ -45,7 +47,7 @@ def parser_class(name: str) -> type[ToolParser]:
 def detect(chat_template: str | None, model_type: str = "") -> tuple[str | None, str]:
     """(parser name or None, why): what `auto` picks from the chat template (and model type)."""
     template = chat_template or ""
-    rules = [("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"), ("tool_code", "gemma"),
+    rules = [("to=functions.", "gpt_oss"), ("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"), ("tool_code", "gemma"),
              ("[func_name1(", "pythonic"), ("<|python_tag|>", "llama3"), ('"parameters"', "llama3")]
     for marker, name in rules:
         if marker in template:
