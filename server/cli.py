@@ -53,10 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--log-requests", action="store_true", help="log prompts and outputs (off: they are private)")
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     server.add_argument("--tool-call-parser", default="auto", metavar="NAME",
-                        help="the model's tool-call format (hermes, llama3, mistral, pythonic, gemma, or vLLM/SGLang's "
+                        help="the model's tool-call format (hermes, llama3, mistral, pythonic, gemma, gpt_oss, or vLLM/SGLang's "
                              "names for them); auto: read from the chat template; none: no tool_choice auto (default: auto)")
     server.add_argument("--reasoning-parser", default="auto", metavar="NAME",
-                        help="split <think> reasoning into reasoning_content (qwen3, deepseek_r1); auto: from the "
+                        help="split <think> reasoning into reasoning_content (qwen3, deepseek_r1; gpt_oss: harmony's "
+                             "analysis channel); auto: from the "
                              "chat template; none: leave it in content (default: auto)")
     server.add_argument("--responses-store-size", type=int, default=1024, metavar="N",
                         help="stored /v1/responses answers that previous_response_id can continue (least recently "
