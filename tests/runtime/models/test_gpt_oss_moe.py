@@ -10,6 +10,7 @@ import torch
 from runtime.layers.biased_experts import BiasedExperts
 from runtime.models.gpt_oss import GptOssMoe, our_layout
 from runtime.models.weights import load_into
+from tests.runtime.models.test_moe import record_expert_rows
 from tests.tiny_models import tiny_config
 
 
@@ -40,14 +41,7 @@ def test_moe_block_matches_transformers(tokens: int) -> None:
 def test_each_expert_runs_on_its_routed_tokens_only(monkeypatch: pytest.MonkeyPatch) -> None:
     _, ours = _reference_and_ours()
     x = torch.randn(9, 64, generator=torch.Generator().manual_seed(3))
-    seen: dict[int, int] = {}
-    original = BiasedExperts.expert
-
-    def record(self: BiasedExperts, expert: int, rows: torch.Tensor) -> torch.Tensor:
-        seen[expert] = rows.shape[0]
-        return original(self, expert, rows)
-
-    monkeypatch.setattr(BiasedExperts, "expert", record)
+    seen = record_expert_rows(monkeypatch, BiasedExperts)
     with torch.no_grad():
         chosen = torch.topk(ours.router(x), ours.top_k, dim=-1).indices
         ours(x)

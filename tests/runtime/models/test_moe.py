@@ -49,17 +49,23 @@ def test_grouped_experts_equal_every_expert_over_every_token(tokens: int) -> Non
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
 
 
-def test_each_expert_runs_on_its_routed_tokens_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    experts = _experts()
-    ids = torch.tensor([[0, 3], [3, 5], [0, 5], [3, 0]])
+def record_expert_rows(monkeypatch: pytest.MonkeyPatch, cls: type) -> dict[int, int]:
+    """expert id -> how many rows `cls.expert` was run on (filled as the experts run)."""
     seen: dict[int, int] = {}
-    original = StackedExperts.expert
+    original = cls.expert
 
-    def record(self: StackedExperts, expert: int, rows: torch.Tensor) -> torch.Tensor:
+    def record(self: object, expert: int, rows: torch.Tensor) -> torch.Tensor:
         seen[expert] = rows.shape[0]
         return original(self, expert, rows)
 
-    monkeypatch.setattr(StackedExperts, "expert", record)
+    monkeypatch.setattr(cls, "expert", record)
+    return seen
+
+
+def test_each_expert_runs_on_its_routed_tokens_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    experts = _experts()
+    ids = torch.tensor([[0, 3], [3, 5], [0, 5], [3, 0]])
+    seen = record_expert_rows(monkeypatch, StackedExperts)
     from runtime.layers.moe import Routing
 
     with torch.no_grad():
