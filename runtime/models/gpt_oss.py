@@ -10,8 +10,10 @@
   (runtime/layers/biased_experts.py).
 
 Checkpoints ship the experts as transformers lays them out, `gate_up_proj` [E, H, 2I] with gate and
-up columns interleaved and `down_proj` [E, I, H]; a GGUF converts to stacked `gate_proj` / `up_proj`
-[E, I, H] and (its transform) to the same `down_proj`. `load_weights` turns either into our layout.
+up columns interleaved and `down_proj` [E, I, H]; OpenAI's own folders ship them as MXFP4
+`*_blocks` / `*_scales` pairs, [E, 2I, H] and [E, H, I] once dequantized (runtime/loading/mxfp4.py);
+a GGUF converts to stacked `gate_proj` / `up_proj` [E, I, H] and (its transform) to transformers'
+`down_proj`. `load_weights` turns each into our layout.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from runtime.layers.activation import clamped_swiglu
 from runtime.layers.biased_experts import BiasedExperts
 from runtime.layers.moe import Router, route_top_logits
 from runtime.layers.sink_attention import SinkAttention
+from runtime.loading.mxfp4 import BLOCKS, SCALES, dequantize_mxfp4
 from runtime.models.llama import LlamaAttention, LlamaForCausalLM, layer_window
 
 
@@ -68,10 +71,17 @@ class GptOssForCausalLM(LlamaForCausalLM):
 
 def our_layout(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
     """A gpt-oss checkpoint's tensors renamed and laid out as our modules hold them (the rest as they are)."""
-    pending: dict[str, dict[str, torch.Tensor]] = {}  # a GGUF's gate and up biases, until both are read
+    pending: dict[str, dict[str, torch.Tensor]] = {}  # pairs read one at a time: a GGUF's biases, MXFP4's
     for name, tensor in weights:
         base, _, leaf = name.rpartition(".")
-        if leaf == "sinks":
+        if leaf.endswith((BLOCKS, SCALES)) and base.endswith("experts"):  # MXFP4 codes and exponents
+            proj = leaf.removesuffix(BLOCKS).removesuffix(SCALES)
+            pair = pending.setdefault(f"{base}.{proj}", {})
+            pair[leaf[len(proj):]] = tensor
+            if len(pair) == 2:
+                del pending[f"{base}.{proj}"]
+                yield from _dequantized(base, proj, dequantize_mxfp4(pair[BLOCKS], pair[SCALES]))
+        elif leaf == "sinks":
             yield f"{base}.attn.sinks", tensor
         elif leaf == "gate_up_proj" and base.endswith("experts"):  # [E, H, 2I], gate/up columns interleaved
             yield f"{base}.gate_proj", tensor[..., ::2].transpose(1, 2)
@@ -89,4 +99,14 @@ def our_layout(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[st
         else:
             yield name, tensor
     if pending:
-        raise ValueError(f"checkpoint has only one of the gate and up expert biases of {sorted(pending)}")
+        raise ValueError(f"checkpoint has only one of a pair of tensors (gate and up biases, MXFP4 blocks and "
+                         f"scales) for {sorted(pending)}")
+
+
+def _dequantized(base: str, proj: str, weight: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """An MXFP4 expert projection, dequantized rows-out: gate_up [E, 2I, H] (gate/up rows interleaved), down [E, H, I]."""
+    if proj == "gate_up_proj":
+        yield f"{base}.gate_proj", weight[:, ::2]
+        yield f"{base}.up_proj", weight[:, 1::2]
+    else:
+        yield f"{base}.{proj}", weight

@@ -49,5 +49,5 @@ def test_each_expert_runs_on_its_routed_tokens_only(monkeypatch: pytest.MonkeyPa
 
 
 def test_one_of_a_ggufs_gate_and_up_biases_is_an_error() -> None:
-    with pytest.raises(ValueError, match="only one of the gate and up expert biases"):
+    with pytest.raises(ValueError, match="only one of a pair of tensors"):
         list(our_layout(iter([("model.layers.0.mlp.experts.gate_proj_bias", torch.zeros(8, 32))])))
