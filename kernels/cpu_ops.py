@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("cpu_ops.cpp", "group_gemv.cpp", "int4_gemv.cpp",
                                                                          "group_dequant.cpp", "group_scales.cpp",
                                                                          "gguf_blocks.cpp", "q6_gemv.cpp"))
-HEADERS = tuple(Path(__file__).with_name("csrc") / name for name in ("row_count.h", "group_scales.h", "weight_store.h"))  # included by the sources: part of the key
+HEADERS = tuple(Path(__file__).with_name("csrc") / name for name in ("row_count.h", "group_scales.h", "weight_store.h",
+                                                                        "weight_prefetch.h"))  # included by the sources: part of the key
 NAME = "radixserve_cpu"
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the activation dtypes the kernels are built for
 

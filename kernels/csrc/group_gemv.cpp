@@ -24,6 +24,7 @@
 
 #include "group_scales.h"
 #include "row_count.h"
+#include "weight_prefetch.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -81,9 +82,11 @@ void dot_rows(const int8_t* w, const radixserve::GroupScales& scales, int64_t n,
       for (int m = 0; m < M; ++m) into[m] = _mm512_fmadd_ps(part[m], scale, into[m]);
     };
     int64_t g = 0;
-    for (; g + A <= groups; g += A)
+    for (; g + A <= groups; g += A) {
+      radixserve::prefetch_ahead<2>(reinterpret_cast<const uint8_t*>(wj + g * group));  // A groups: 128 bytes at most
       RADIXSERVE_GROUP_UNROLL
       for (int a = 0; a < A; ++a) one_group(g + a, acc[a]);
+    }
     for (; g < groups; ++g) one_group(g, acc[0]);
     RADIXSERVE_GROUP_UNROLL
     for (int m = 0; m < M; ++m) {

@@ -41,6 +41,7 @@
 
 #include "group_scales.h"
 #include "row_count.h"
+#include "weight_prefetch.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -83,6 +84,7 @@ struct Activations {
   std::vector<float> paired;  // [M, k] float32, each group's 16 even-position values then its 16 odd ones
   std::vector<uint16_t> bf16;  // [M, k] bf16 bits, in order (the bf16 dot-product loop only)
   std::vector<float> sums;     // [M, groups] each group's sum
+  bool prefetch = false;       // the weight stream prefetched by hand (weight_prefetch.h)
 };
 
 // Scales of R weight rows as floats (read once per group in the loops), and the per-row constant
@@ -158,7 +160,7 @@ inline void finish(const __m512 (&acc)[R][M], int64_t n, int64_t j, O* out) {
 // R weight rows from j against M activation rows, in float32; into out[m * n + j + r] (rounded
 // once, to the activations' dtype O). Several weight rows at once for few activation rows: each
 // row's sum is a chain of dependent multiply-adds, and a single chain waits on its own latency.
-template <int M, int R, typename O>
+template <int M, int R, bool Prefetch, typename O>
 void dot_block(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t j, const Activations& a, O* out) {
   const int64_t k = a.k, groups = a.groups;
 #if RADIXSERVE_INT4_AVX512
@@ -166,6 +168,7 @@ void dot_block(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t
   __m512 acc[R][M];
   c.start(acc);
   for (int64_t b = 0; b < k / kBlock; ++b) {
+    if constexpr (Prefetch) radixserve::prefetch_ahead<R>(block_at(w, k, j, b));  // R rows of 64 bytes
     RADIXSERVE_UNROLL
     for (int t = 0; t < 4; ++t) {
       const int64_t g = b * 4 + t;
@@ -213,7 +216,7 @@ void dot_block(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t
 #if RADIXSERVE_INT4_BF16
 // The same with bf16 activations and the CPU's bf16 dot products: 0x4300 | q is bf16 128 + q, and
 // one instruction multiplies a group's 32 codes by its 32 activations, summing pairs in float32.
-template <int M, int R, typename O>
+template <int M, int R, bool Prefetch, typename O>
 void dot_block_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t j, const Activations& a,
                     O* out) {
   const int64_t k = a.k, groups = a.groups;
@@ -221,6 +224,7 @@ void dot_block_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, in
   __m512 acc[R][M];
   c.start(acc);
   for (int64_t b = 0; b < k / kBlock; ++b) {
+    if constexpr (Prefetch) radixserve::prefetch_ahead<R>(block_at(w, k, j, b));  // R rows of 64 bytes
     RADIXSERVE_UNROLL
     for (int t = 0; t < 4; ++t) {
       const int64_t g = b * 4 + t;
@@ -255,11 +259,17 @@ void dot_quads(const uint8_t* w, const radixserve::GroupScales& scales, const ra
       c.load(scales, lows, j, a);
 #if RADIXSERVE_INT4_BF16
       if (bf16) {
-        dot_block_bf16<M, R>(w, c, n, j, a, out);
+        if (a.prefetch)  // a template argument: the loop without it is the very same code
+          dot_block_bf16<M, R, true>(w, c, n, j, a, out);
+        else
+          dot_block_bf16<M, R, false>(w, c, n, j, a, out);
         continue;
       }
 #endif
-      dot_block<M, R>(w, c, n, j, a, out);
+      if (a.prefetch)
+        dot_block<M, R, true>(w, c, n, j, a, out);
+      else
+        dot_block<M, R, false>(w, c, n, j, a, out);
     }
 }
 
@@ -301,6 +311,7 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   a.sums.assign(rows * a.groups, 0.f);
   a.paired.resize(bf16 ? 0 : rows * k);
   a.bf16.resize(bf16 ? rows * k : 0);
+  a.prefetch = radixserve::activations_spill(rows * k * (bf16 ? 2 : 4));
   at::Tensor out = at::empty({rows, n}, x.options());
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 15) / k);  // quads; small layers stay on one thread

@@ -27,6 +27,7 @@
 
 #include "group_scales.h"
 #include "row_count.h"
+#include "weight_prefetch.h"
 #include "weight_store.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
@@ -101,7 +102,7 @@ at::Tensor repack_q6(const at::Tensor& codes) {
 
 #if RADIXSERVE_Q6_BF16
 // R weight rows from j against M bf16 activation rows; out[m * n + j + r] in O.
-template <int M, int R, int group, typename O>
+template <int M, int R, int group, bool Prefetch, typename O>
 void dot_rows(const uint8_t* w, const float* scale, const float (&rest)[R][M], int64_t n, int64_t k, int64_t j,
               const uint16_t* x, O* out) {
   const int64_t groups = k / group;
@@ -113,6 +114,7 @@ void dot_rows(const uint8_t* w, const float* scale, const float (&rest)[R][M], i
     RADIXSERVE_Q6_UNROLL
     for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
   for (int64_t b = 0; b < k / kBlock; ++b) {
+    if constexpr (Prefetch) radixserve::prefetch_ahead<R * kBlockBytes / 64>(block_at(w, k, j, b));  // weight_prefetch.h
     RADIXSERVE_Q6_UNROLL
     for (int r = 0; r < R; ++r) {
       const uint8_t* block = block_at(w, k, j + r, b);
@@ -174,6 +176,7 @@ at::Tensor q6_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s
     }
   const uint8_t* wp = w.data_ptr<uint8_t>();
   c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
+  const bool prefetch = radixserve::activations_spill(rows * k * 2);
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 13) / k);  // quads
   at::parallel_for(0, n / kQuad, grain, [&](int64_t quad_begin, int64_t quad_end) {
     const int64_t begin = quad_begin * kQuad, end = quad_end * kQuad;
@@ -194,10 +197,17 @@ at::Tensor q6_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s
             for (int64_t g = 0; g < groups; ++g) sum += sr[g] * xm[g];
             rest[r][m] = -kOffset * sum;
           }
-        if (group == 16)  // a compile-time group: no division in the loop
-          dot_rows<M, RN, 16>(wp, scale.data(), rest, n, k, j, xb.data(), op);
+        // compile-time group (no division in the loop) and prefetching (the loop without it unchanged)
+        const auto dot = [&](auto group_now, auto prefetch_now) {
+          dot_rows<M, RN, decltype(group_now)::value, decltype(prefetch_now)::value>(wp, scale.data(), rest, n, k, j,
+                                                                                    xb.data(), op);
+        };
+        using Yes = std::true_type;
+        using No = std::false_type;
+        if (group == 16)
+          prefetch ? dot(std::integral_constant<int, 16>{}, Yes{}) : dot(std::integral_constant<int, 16>{}, No{});
         else
-          dot_rows<M, RN, 32>(wp, scale.data(), rest, n, k, j, xb.data(), op);
+          prefetch ? dot(std::integral_constant<int, 32>{}, Yes{}) : dot(std::integral_constant<int, 32>{}, No{});
       };
       for (int64_t j = begin; j < end; j += R) run(std::integral_constant<int, R>{}, j);  // R divides a quad
     });
