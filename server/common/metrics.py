@@ -41,6 +41,9 @@ class EngineCollector(Collector):
                                   s["cached_tokens_total"])
         yield CounterMetricFamily("radixserve_generation_tokens", "Tokens generated", s["generated_tokens_total"])
         yield CounterMetricFamily("radixserve_retractions", "Requests preempted for KV room", s["retractions_total"])
+        if "narrowed_logit_rows_total" in s:  # constrained rows computed at their allowed tokens only
+            yield CounterMetricFamily("radixserve_narrowed_logit_rows", "Output rows computed at a grammar's allowed "
+                                      "tokens only (runtime/exec/step_logits.py)", s["narrowed_logit_rows_total"])
         yield from self._drafts(s)
         yield from self._peer_names(s)
         if "tier_lower_tokens" in s:  # host / disk tiers on (runtime/kv/tiers.py)

@@ -175,10 +175,11 @@ def test_streamed_text_is_the_same(folder: Path, plain: list) -> None:
         assert_slots_balanced(engine)
         # /metrics counts them (server/common/metrics.py)
         scraped = dict(line.rsplit(" ", 1) for line in Metrics(engine, "tiny").render().decode().splitlines()
-                       if line.startswith("radixserve_jump_forward"))
+                       if line.startswith(("radixserve_jump_forward", "radixserve_narrowed")))
         assert float(scraped["radixserve_jump_forward_draft_tokens_total"]) == stats["jump_forward_draft_tokens_total"]
         assert float(scraped["radixserve_jump_forward_accepted_tokens_total"]) == \
                stats["jump_forward_accepted_tokens_total"]
+        assert float(scraped["radixserve_narrowed_logit_rows_total"]) == stats["narrowed_logit_rows_total"] > 0
     assert streamed == [plain[index[i]].text for i in picks]
 
 
