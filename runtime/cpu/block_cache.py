@@ -19,10 +19,12 @@ the layers are built at every start, as before.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -108,6 +110,10 @@ class BlockStore:
         for stale in self.folder.glob("blocks-*.st"):  # another dtype's, or an earlier build's
             if stale != self.path:
                 stale.unlink(missing_ok=True)
+        for partial in self.folder.glob("blocks-*.partial"):  # a killed first start's, an hour old
+            with contextlib.suppress(OSError):
+                if time.time() - partial.stat().st_mtime > 3600:
+                    partial.unlink()
 
 
 def _restore_part(spec: Part, handle) -> BlockWeight:  # noqa: ANN001 - a safetensors handle
@@ -151,7 +157,9 @@ def write_blocks(path: Path, layers: dict[str, list[BlockWeight]]) -> None:
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-(8 + len(text)) % ALIGN)  # the data starts on a line too
-    partial = path.with_name(path.name + ".partial")
+    # this process's own partial file: replicas started together on one folder each write theirs
+    # whole, and the last rename wins (a shared name let one truncate the file another was writing)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     with open(partial, "wb") as f, tqdm(total=offset, unit="B", unit_scale=True, desc="keeping the block layers",
                                         disable=offset < (256 << 20)) as bar:
         f.write(len(text).to_bytes(8, "little"))

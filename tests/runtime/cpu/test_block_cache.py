@@ -116,3 +116,23 @@ def test_the_engine_generates_the_same_from_the_kept_layers(folder: Path) -> Non
             outs.append(engine.generate(input_ids=prompt, sampling_params=GREEDY)[0].token_ids)
     assert outs[0] == outs[1] and len(outs[0]) == GREEDY["max_new_tokens"]
     assert len(list(folder.glob("blocks-*.st"))) == 1
+
+
+def test_replicas_starting_together_each_write_a_whole_file(folder: Path) -> None:
+    """Two processes' first starts on one folder: each writes its own partial file and renames it
+    whole, so the kept file is complete whichever rename comes last."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from pathlib import Path; from runtime.exec.model_runner import load_config, load_model; "
+            "f = Path(sys.argv[1]); load_model(f, load_config(f), torch.float32, torch.device('cpu'), blocks=True)")
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(folder)], cwd=root, env=env) for _ in range(2)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    assert not list(folder.glob("*.partial"))
+    [kept] = folder.glob("blocks-*.st")
+    first = load(folder, torch.float32)
+    kept.unlink()
+    assert_same(first, load(folder, torch.float32))  # what the replicas kept is what a build gives
