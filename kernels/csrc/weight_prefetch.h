@@ -16,11 +16,14 @@ namespace radixserve {
 
 constexpr int64_t kPrefetchBytes = 4096;  // measured: 2 and 4 KB ahead alike, 8 KB worse
 
-// Whether a call's activations (all its rows, in the kernel's own dtype) spill out of the first
-// level, where the 4- and 6-bit kernels' streams need the help. Where they fit it cost: a 37888 x
-// 3584 int4 layer fell from 30 to 22 GB/s with it. (The int8 kernel, a byte a weight, gains at
-// every width and prefetches always.)
-constexpr int64_t kSpillBytes = int64_t{16} << 10;
+// Whether a call's activations (all its rows, in the kernel's own dtype) take enough of the first
+// level that the 4- and 6-bit kernels' streams need the help. Where they are small it cost: a
+// 37888 x 3584 int4 layer (7 KB of bf16) fell from 30 to 22 GB/s with it. Past 8 KB it pays: the
+// 1B shape's 8192-wide down projections (16 KB) took 7.2 and 4.6 ms a token (Q6, int4) against
+// 8.5 and 5.2 with the line at 16 KB, the 1.5B's 8960-wide ones 10.0 and 6.6 against 11.5 and 7.6
+// without it (in the engine, alternated). (The int8 kernel, a byte a weight, gains at every width
+// and prefetches always.)
+constexpr int64_t kSpillBytes = int64_t{8} << 10;
 inline bool activations_spill(int64_t bytes) { return bytes > kSpillBytes; }
 
 // The `Lines` cache lines kPrefetchBytes past `at` (the codes a kernel reads next lie there: a
