@@ -57,7 +57,12 @@ class JumpForward:
         limit = min(limit, self.max_tokens)
         if limit <= 0 or matcher.is_terminated():  # type: ignore[attr-defined]
             return []
-        text = matcher.find_jump_forward_string()  # type: ignore[attr-defined]
+        try:
+            text = matcher.find_jump_forward_string()  # type: ignore[attr-defined]
+        except UnicodeDecodeError:
+            # Mid-character (the output so far ends inside a multi-byte character): xgrammar hands
+            # back bytes that are no text. No draft; the grammar still masks each token.
+            return []
         if not text:
             return []
         # Tokenize a little more than fits, so the last kept token is not a cut-off piece of a longer one.

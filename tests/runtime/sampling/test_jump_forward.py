@@ -263,3 +263,16 @@ def test_a_tokenizer_with_a_dummy_prefix(tmp_path: Path) -> None:
     on, stats = _generate(folder, cases)
     _same(on, off)
     assert stats["jump_forward_accepted_tokens_total"] >= 10
+
+
+def test_a_forced_run_that_starts_inside_a_character(folder: Path) -> None:
+    """A regex of multi-byte characters: where the output so far ends inside one, the forced
+    continuation is bytes that are no text (xgrammar raised UnicodeDecodeError, which stopped the
+    engine loop; found by the schema fuzzing test). Now no draft there, the same output as without
+    jump-forward, and the engine serves on."""
+    cases = [{"max_new_tokens": 20, "regex": "\u00cbR\u0090\u00b7\U000cdfea\u00cbR", "temperature": 1.0, "seed": s}
+             for s in range(3)]
+    on, _ = _generate(folder, cases)
+    off, _ = _generate(folder, cases, disable_jump_forward=True)
+    _same(on, off)
+    assert all(o.text == "\u00cbR\u0090\u00b7\U000cdfea\u00cbR" for o in on)
