@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from kernels.cpu_ops import ops
 from runtime import Engine
 from runtime.cpu import block_cache
 from runtime.cpu.block_linear import BlockEmbedding, BlockLinear
@@ -19,6 +20,9 @@ from runtime.loading.default_model import build_model_dir
 from tests.tiny_gguf import write_tiny_gemma3_gguf
 
 block_linear = importlib.import_module("runtime.cpu.block_linear")
+# the block layers' products run our kernels (as in test_gguf_quantization.py); the kinds they pick
+# differ by CPU (AVX-512 or not, bf16 dot products or not), and every kind is kept the same way
+pytestmark = pytest.mark.skipif(ops() is None, reason="the CPU kernels could not be built here")
 CPU = torch.device("cpu")
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
 
