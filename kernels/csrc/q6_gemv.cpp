@@ -197,17 +197,18 @@ at::Tensor q6_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s
             for (int64_t g = 0; g < groups; ++g) sum += sr[g] * xm[g];
             rest[r][m] = -kOffset * sum;
           }
-        // compile-time group (no division in the loop) and prefetching (the loop without it unchanged)
-        const auto dot = [&](auto group_now, auto prefetch_now) {
-          dot_rows<M, RN, decltype(group_now)::value, decltype(prefetch_now)::value>(wp, scale.data(), rest, n, k, j,
-                                                                                    xb.data(), op);
+        // a compile-time group (no division in the loop) and prefetching (the loop without it unchanged)
+        const auto dot = [&](auto group_now) {
+          constexpr int G = decltype(group_now)::value;
+          if (prefetch)
+            dot_rows<M, RN, G, true>(wp, scale.data(), rest, n, k, j, xb.data(), op);
+          else
+            dot_rows<M, RN, G, false>(wp, scale.data(), rest, n, k, j, xb.data(), op);
         };
-        using Yes = std::true_type;
-        using No = std::false_type;
         if (group == 16)
-          prefetch ? dot(std::integral_constant<int, 16>{}, Yes{}) : dot(std::integral_constant<int, 16>{}, No{});
+          dot(std::integral_constant<int, 16>{});
         else
-          prefetch ? dot(std::integral_constant<int, 32>{}, Yes{}) : dot(std::integral_constant<int, 32>{}, No{});
+          dot(std::integral_constant<int, 32>{});
       };
       for (int64_t j = begin; j < end; j += R) run(std::integral_constant<int, R>{}, j);  // R divides a quad
     });
