@@ -96,6 +96,10 @@ class EngineArgs:
     num_threads: int | None = field(default=None, metadata={
         "help": "CPU threads at most (--cpu-threads; default: OMP_NUM_THREADS, else the cores this process may use: "
                 "its affinity mask and cgroup CPU quota)"})
+    int8_activations: bool = field(default=False, metadata={
+        "help": "on the CPU, a GGUF's Q4_K layers round bf16 activations to int8 per 256 and sum in integers "
+                "(AVX-512 VNNI; what llama.cpp does for every quantized product): faster decode steps, most of "
+                "all batched ones, but outputs move (docs/cpu.md). Default: off, the activations exact"})
     adapt_cpu_threads: bool = field(default=True, metadata={
         "help": "on the CPU, compute with fewer threads while other processes keep some of the cores busy "
                 "(spinning threads that wait for a taken core stall every step)"})

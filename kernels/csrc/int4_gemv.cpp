@@ -8,12 +8,10 @@
 // kernel, and a whole one-row step 9.6 ms against 11.7 (docs/cpu.md, "Speculative decoding and int4
 // weights").
 //
-// Weights: codes q in [0, 15], w[n, k] = scales[n, g] * q[n, k] + lows[n, g] with g = k / 32.
-// Packed [N, K / 2] uint8 in blocks of 128 codes (four groups) = 32 little-endian 16-bit words:
-// word j of a block holds codes j, 32 + j, 64 + j and 96 + j in its nibbles 0..3. Shifting the
-// block right by 4t and masking each word's low nibble gives group t's 32 codes in order, one to
-// a 16-bit lane. Weight rows come in quads whose blocks are interleaved (block b of rows 4i..4i+3,
-// then block b + 1), so a pass over four rows reads one stream. Scales and lows float16 (an
+// Weights: codes q in [0, 15], w[n, k] = scales[n, g] * q[n, k] + lows[n, g] with g = k / 32, in
+// int4_blocks.h's layout (blocks of 128 codes as 32 16-bit words, word j holding codes j, 32 + j,
+// 64 + j and 96 + j; rows in quads). Shifting the block right by 4t and masking each word's low
+// nibble gives group t's 32 codes in order, one to a 16-bit lane. Scales and lows float16 (an
 // eighth of a byte a weight each; torch's int4 kernel keeps them in bf16, 3 fewer bits), or, where
 // float16 would round them (a GGUF's Q4_K scales are d * a 6-bit scale: up to 17 bits), int8 codes
 // times a float32 step per super-block (group_scales.h: a byte a group), or float32.
@@ -40,6 +38,7 @@
 #include <torch/library.h>
 
 #include "group_scales.h"
+#include "int4_blocks.h"
 #include "row_count.h"
 #include "weight_prefetch.h"
 
@@ -67,16 +66,8 @@
 
 namespace {
 
-constexpr int64_t kGroup = 32;
-constexpr int64_t kBlock = 128;  // codes a packed block holds: four groups in 64 bytes
-constexpr int64_t kMaxRows = 8;  // rows read with one pass over the weights
+using namespace radixserve::int4;  // the layout: kGroup, kBlock, kQuad, kMaxRows, block_at
 constexpr uint32_t kBase = 0x43000000u;  // float32 128's bits; 0x4300 is bf16 128's
-constexpr int64_t kQuad = 4;  // weight rows whose blocks are interleaved
-
-// Where weight row `row`'s block b starts (quads of rows, their blocks interleaved).
-inline const uint8_t* block_at(const uint8_t* w, int64_t k, int64_t row, int64_t b) {
-  return w + (row / kQuad) * kQuad * (k / 2) + (b * kQuad + row % kQuad) * 64;
-}
 
 // The activations of one call, prepared once and read by every weight row.
 struct Activations {

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from runtime.cpu.block_cache import BlockStore
-from runtime.cpu.block_weights import FEW_ROWS, BlockWeight, DenseBlocks, block_weight
+from runtime.cpu.block_weights import FEW_ROWS, BlockWeight, DenseBlocks, Int4Blocks, block_weight
 from runtime.cpu.kernel_linear import linear_kernel, packing_supported
 from runtime.layers.output_layer import OutputLayer
 from runtime.loading.gguf_groups import Int4Groups, PackedInt4Groups
@@ -164,6 +164,21 @@ def merge_parts(parts: list[Groups | torch.Tensor]) -> list[Groups | torch.Tenso
         else:
             merged.append(part)
     return merged
+
+
+def round_activations_to_int8(model: nn.Module) -> int:
+    """`--int8-activations`: every Int4Blocks of the model's block layers and experts that can
+    (k-quant scales, a VNNI CPU) sums bf16 activations rounded to int8; returns how many."""
+    from runtime.cpu.block_experts import BlockExperts  # it imports this module
+
+    layers = [m for m in model.modules() if isinstance(m, BlockLinear)]
+    layers += [layer for m in model.modules() if isinstance(m, BlockExperts) for layer in (*m.gate_up, *m.down)]
+    count = 0
+    for part in (p for layer in layers for p in layer.parts):
+        if isinstance(part, Int4Blocks) and part.sums_in_integers():
+            part.int8_activations = True
+            count += 1
+    return count
 
 
 def built_weights(store: BlockStore | None, key: str, shape: tuple[int, int],

@@ -12,7 +12,8 @@ The kinds:
 - Q6Blocks: those whose codes fit 6 bits (Q6_K, Q5_0) at 6 bits a weight, where the activations
   are bf16 and the CPU has bf16 dot products (kernels/csrc/q6_gemv.cpp);
 - Int4Blocks: Q4_K, Q4_0 and Q4_1 as 4-bit codes + scales and lows in the layout of
-  kernels/csrc/int4_gemv.cpp (AVX-512): half a byte a weight and a sixteenth more;
+  kernels/csrc/int4_gemv.cpp (AVX-512): half a byte a weight and a sixteenth more (with
+  `--int8-activations`, Q4_K's summed in integers over int8 activations: int4_q8_gemv.cpp);
 - TorchInt4Blocks: the same codes in torch's int4 layout (`_weight_int4pack_mm_for_cpu`) where
   the CPU lacks AVX-512; it serves wide products too, and cannot give rows back;
 - DenseBlocks: a tensor the file ships unquantized or in a format with no kernel here (F16,
@@ -164,6 +165,7 @@ class Int4Blocks:
     kept_tensors, kept_attrs = ("packed", "scales", "scale_steps", "lows", "low_steps"), ("shape",)
     row_multiple = 4  # dequantize() takes whole quads
     kernel_rows = 2 * FEW_ROWS  # two passes of the kernel beat dequantized slices up to here (block_linear.py)
+    int8_activations = False  # set where sums_in_integers() (block_linear.round_activations_to_int8)
 
     def __init__(self, groups: Int4Groups | PackedInt4Groups) -> None:
         n, k = groups.shape
@@ -188,7 +190,17 @@ class Int4Blocks:
         return built is not None and bool(built.int4_gemv_fast()) and shape[1] % ONE_ROW_BLOCK == 0 and shape[0] % 4 == 0
 
     def few(self, x: torch.Tensor) -> torch.Tensor:
+        if self.int8_activations and x.dtype == torch.bfloat16:
+            return ops().int4_gemv_q8(x, self.packed, self.scales, self.scale_steps, self.lows, self.low_steps)  # type: ignore[union-attr]
         return ops().int4_gemv(x, self.packed, self.scales, self.lows, self.scale_steps, self.low_steps)  # type: ignore[union-attr]
+
+    def sums_in_integers(self) -> bool:
+        """Whether bf16 products can round the activations to int8 and sum in integers
+        (kernels/csrc/int4_q8_gemv.cpp, `--int8-activations`): k-quant scales (a code a group, a step
+        per super-block of 256) on a CPU with AVX-512 VNNI. Float32 activations always stay exact."""
+        steps = self.scale_steps
+        return (steps is not None and steps.shape[1] * SUPER_BLOCK == self.shape[1]
+                and bool(ops().int4_gemv_q8_fast()))  # type: ignore[union-attr]
 
     def _codes(self, words: torch.Tensor) -> torch.Tensor:
         """[rows, K / 128, 32] int16 words -> [rows, K] codes (0..15), in k order."""

@@ -100,6 +100,7 @@ class RunnerConfig:
     cpu_threads: int | None = None  # the CPU threads' ceiling; None: the cores this process may use
     adapt_cpu_threads: bool = True  # fewer threads while other processes hold cores (runtime/cpu/thread_budget.py)
     enable_lora: bool = False  # LoRA adapters around the projections (runtime/lora/apply.py)
+    int8_activations: bool = False  # a GGUF's Q4_K layers sum bf16 activations rounded to int8 (block_linear.py)
 
 
 class ModelRunner:
@@ -115,6 +116,11 @@ class ModelRunner:
         # gguf: the file's quantized weights served from their codes, with no copy in --dtype
         self.model = load_model(cfg.model_path, self.config, self.dtype, self.device, cfg.load_format,
                                 blocks=self.quantization == "gguf")
+        if cfg.int8_activations and self.quantization == "gguf":
+            from runtime.cpu.block_linear import round_activations_to_int8
+
+            logger.info("gguf: %d Q4_K layers sum int8 activations (--int8-activations)",
+                        round_activations_to_int8(self.model))
         # What adapters may adapt, noted before cpu.prepare swaps layers (a GGUF's block layers are in
         # place already; find_targets reads any kind); wrapped below, around whatever kind is there then.
         self.lora_targets: dict[str, Target] | None = find_targets(self.model) if cfg.enable_lora else None

@@ -140,3 +140,14 @@ def test_replicas_starting_together_each_write_a_whole_file(folder: Path) -> Non
     first = load(folder, torch.float32)
     kept.unlink()
     assert_same(first, load(folder, torch.float32))  # what the replicas kept is what a build gives
+
+
+def test_int8_activations_is_an_engine_flag(folder: Path) -> None:
+    """--int8-activations reaches the model's block layers (this tiny file has no Q4_K layer, so
+    none changes: the Q4_0/Q4_1 ones keep exact activations) and the engine serves as before."""
+    outs = []
+    for flag in (False, True):
+        with Engine(model=str(folder), dtype="bfloat16", quantization="gguf", kv_cache_tokens=128,
+                    int8_activations=flag) as engine:
+            outs.append(engine.generate(input_ids=[[2, 270, 271]], sampling_params=GREEDY)[0].token_ids)
+    assert outs[0] == outs[1] and len(outs[0]) == GREEDY["max_new_tokens"]

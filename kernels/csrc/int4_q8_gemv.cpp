@@ -1,0 +1,302 @@
+// Few-row products of a GGUF's Q4_K codes with the activations quantized to int8, summed in
+// integers, on CPUs with AVX-512 VNNI (Zen 4, Ice Lake and later): `--int8-activations`, opt-in
+// because it moves outputs (docs/cpu.md). runtime/cpu/block_weights.py's Int4Blocks calls it for
+// bf16 activations where the codes' group scales are factored (a byte a group, a float32 step a
+// super-block of 256 weights: every Q4_K).
+//
+// Why: int4_gemv.cpp's exact bf16 loop spends, per group of 32 weights and activation row, one
+// bf16 dot product and one float multiply-add for the group's scale, both on the CPU's two
+// floating-point multiply pipes. With 8 rows (16 streams) that bound it: a 37888 x 3584 layer
+// took 12 ms at 91 G multiply-adds/s on the 2-core Zen 4; here 8 ms. Here the activations are int8 (per
+// super-block of 256, scaled to +-127, as llama.cpp's Q8_K) and per 64 weights and row there
+// is one u8 x s8 product summed in pairs to 16 bits and one 16-bit multiply-add by the groups'
+// integer scales into 32 bits, on the integer pipes; floats come once per super-block
+// (its step times the activations' scale). Rounding the activations to int8 is what llama.cpp
+// does for every quantized product on the CPU; outputs differ from the exact loop's by that.
+//
+// Weights: int4_blocks.h's layout, w = scale_g * q + low_g with scale_g = code_g * step_s
+// (group_scales.h's factored form, 8 groups a step). The codes of a block unpack with a mask
+// (bytes 2j: code j, 2j + 1: code 64 + j) and a shift (32 + j, 96 + j); a byte shuffle within each
+// 16-byte lane then puts eight codes of one group next to eight of another, so every pair the
+// u8 x s8 instruction sums, and every 16-bit lane's scale, belongs to one group. The activations
+// are laid out once per call in the same order. The lows' part, sum_g low_g * sum(x in g), is
+// formed in float32 from the unrounded activations, as in int4_gemv.cpp.
+//
+// Rows are independent: a row's result never depends on which other rows share the call.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include "group_scales.h"
+#include "int4_blocks.h"
+#include "row_count.h"
+#include "weight_prefetch.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define RADIXSERVE_INT4_Q8 1
+#else
+#define RADIXSERVE_INT4_Q8 0
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#define RADIXSERVE_UNROLL _Pragma("GCC unroll 8")
+
+namespace {
+
+using namespace radixserve::int4;  // the layout: kGroup, kBlock, kQuad, kMaxRows, block_at
+constexpr int64_t kSuper = 256;              // weights an activation scale and a code step cover
+constexpr int64_t kSpan = kSuper / kGroup;   // groups a step covers
+
+// The activations of one call, quantized once and read by every weight row.
+struct Q8Activations {
+  int64_t k = 0, groups = 0, supers = 0;
+  std::vector<int8_t> q;       // [M, k] in the kernel's order: per block, the masked codes' 64, then the shifted ones'
+  std::vector<float> scale;    // [M, supers] what an int8 step is worth
+  std::vector<float> sums;     // [M, groups] each group's sum of the unrounded activations
+  bool prefetch = false;
+};
+
+// Where the 8 activations k' = 8 * run .. 8 * run + 7 of a block go in its 128 bytes: the masked
+// codes (k' in [0, 32) and [64, 96)) fill bytes 0..63, the shifted ones (32..63, 96..127) 64..127;
+// within 64 bytes, 16-byte lane L holds 8L.. of the lower group, then 8L.. of the upper one.
+inline int64_t run_at(int64_t run) {
+  const int64_t quarter = run / 4, lane = run % 4;
+  return (quarter % 2) * 64 + lane * 16 + (quarter / 2) * 8;
+}
+
+// The 256 activations of row m's super-block s as float32 into v.
+template <typename T>
+inline void load_super(const at::Tensor& x, const T* xs, int64_t m, int64_t s, float* v) {
+  const T* src = xs + m * x.stride(0) + s * kSuper * x.stride(1);
+#if RADIXSERVE_INT4_Q8
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (x.stride(1) == 1) {  // bf16 is float32's top half
+      for (int64_t i = 0; i < kSuper; i += 16)
+        _mm512_storeu_ps(v + i, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                    _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))), 16)));
+      return;
+    }
+  }
+#endif
+  for (int64_t i = 0; i < kSuper; ++i) v[i] = static_cast<float>(src[i * x.stride(1)]);
+}
+
+template <typename T>
+void quantize_rows(const at::Tensor& x, Q8Activations& a) {
+  const int64_t rows = x.size(0), k = a.k;
+  const T* xs = x.data_ptr<T>();
+  alignas(64) float v[kSuper];
+  alignas(64) int8_t q[kSuper];
+  for (int64_t m = 0; m < rows; ++m)
+    for (int64_t s = 0; s < a.supers; ++s) {
+      load_super(x, xs, m, s, v);
+      float top = 0.f;
+#pragma omp simd reduction(max : top)
+      for (int64_t i = 0; i < kSuper; ++i) top = std::max(top, std::abs(v[i]));
+      const float scale = top / 127.f, inv = top > 0.f ? 127.f / top : 0.f;
+      a.scale[m * a.supers + s] = scale;
+      for (int64_t g = 0; g < kSpan; ++g) {
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t i = 0; i < kGroup; ++i) sum += v[g * kGroup + i];
+        a.sums[m * a.groups + s * kSpan + g] = sum;
+      }
+#if RADIXSERVE_INT4_Q8
+      for (int64_t i = 0; i < kSuper; i += 16)  // rounded to nearest even, as nearbyint
+        _mm_store_si128(reinterpret_cast<__m128i*>(q + i),
+                        _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(v + i), _mm512_set1_ps(inv)))));
+#else
+      for (int64_t i = 0; i < kSuper; ++i) q[i] = static_cast<int8_t>(std::nearbyint(v[i] * inv));
+#endif
+      for (int64_t half = 0; half < 2; ++half)
+        for (int64_t run = 0; run < kBlock / 8; ++run)
+          std::memcpy(a.q.data() + m * k + s * kSuper + half * kBlock + run_at(run), q + half * kBlock + run * 8, 8);
+    }
+}
+
+// R weight rows' constants: their group scales' codes as int16 (the 16-bit multiply-add's
+// operand), their steps, and the lows' part of each activation row's result.
+template <int M, int R>
+struct RowsQ8 {
+  std::vector<int16_t> codes;  // [R, groups]
+  std::vector<float> low;      // [R, groups]
+  std::vector<float> factor;   // [R, supers, M]: a super-block's integer sum is worth step * activation scale
+  float rest[R][M];
+
+  RowsQ8(int64_t groups, int64_t supers) : codes(R * groups), low(R * groups), factor(R * supers * M) {}
+
+  void load(const radixserve::GroupScales& scales, const radixserve::GroupScales& lows, int64_t j,
+            const Q8Activations& a) {
+    const int64_t groups = a.groups, total = R * groups;
+    const int8_t* c = static_cast<const int8_t*>(scales.values) + j * groups;
+    int64_t i = 0;
+#if RADIXSERVE_INT4_Q8
+    for (; i + 32 <= total; i += 32)
+      _mm512_storeu_si512(codes.data() + i, _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + i))));
+#endif
+    for (; i < total; ++i) codes[i] = c[i];
+    const float* steps = scales.steps + j * a.supers;  // rows are contiguous
+    for (int r = 0; r < R; ++r)
+      for (int64_t sb = 0; sb < a.supers; ++sb)
+        for (int m = 0; m < M; ++m)
+          factor[(r * a.supers + sb) * M + m] = steps[r * a.supers + sb] * a.scale[m * a.supers + sb];
+    lows.expand(j, R, low.data());
+    // vectors across groups: a scalar chain of multiply-adds per (row, activation row) cost as
+    // much as the product itself
+    for (int r = 0; r < R; ++r)
+      for (int m = 0; m < M; ++m) {
+        const float* l = low.data() + r * groups;
+        const float* xs = a.sums.data() + m * groups;
+#if RADIXSERVE_INT4_Q8
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t g = 0; g < groups; g += 16) {
+          const __mmask16 mask = groups - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (groups - g)) - 1);
+          sum = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, l + g), _mm512_maskz_loadu_ps(mask, xs + g), sum);
+        }
+        rest[r][m] = _mm512_reduce_add_ps(sum);
+#else
+        float sum = 0.f;
+        for (int64_t g = 0; g < groups; ++g) sum = std::fma(l[g], xs[g], sum);
+        rest[r][m] = sum;
+#endif
+      }
+  }
+};
+
+#if RADIXSERVE_INT4_Q8
+// R weight rows from j against M activation rows; into out[m * n + j + r], rounded once to O.
+template <int M, int R, bool Prefetch, typename O>
+void dot_rows(const uint8_t* w, const RowsQ8<M, R>& c, int64_t n, int64_t j, const Q8Activations& a, O* out) {
+  const int64_t k = a.k, groups = a.groups;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  // even bytes (one group's codes) then odd ones (another's), in each 16-byte lane
+  const __m512i pick = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+  // from a block's four int16 scale codes: 16-bit lanes 0-3 the masked bytes' lower group (0),
+  // 4-7 their upper one (2); the shifted bytes' groups are 1 and 3
+  const __m512i masked_scales = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 4, 5, 4, 5, 4, 5, 4, 5));
+  const __m512i shifted_scales = _mm512_broadcast_i32x4(_mm_setr_epi8(2, 3, 2, 3, 2, 3, 2, 3, 6, 7, 6, 7, 6, 7, 6, 7));
+  __m512 acc[R][M];
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r)
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < a.supers; ++s) {
+    __m512i sum[R][M];
+    RADIXSERVE_UNROLL
+    for (int r = 0; r < R; ++r)
+      RADIXSERVE_UNROLL
+      for (int m = 0; m < M; ++m) sum[r][m] = _mm512_setzero_si512();
+    RADIXSERVE_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      const int64_t b = s * 2 + half;
+      if constexpr (Prefetch) radixserve::prefetch_ahead<R>(block_at(w, k, j, b));
+      const int8_t* x = a.q.data() + b * kBlock;  // read in the loop: as memory operands they take no registers
+      RADIXSERVE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m512i words = _mm512_loadu_si512(block_at(w, k, j + r, b));
+        const __m512i masked = _mm512_shuffle_epi8(_mm512_and_si512(words, low4), pick);
+        const __m512i shifted = _mm512_shuffle_epi8(_mm512_and_si512(_mm512_srli_epi16(words, 4), low4), pick);
+        int64_t four;  // the block's four groups' codes, int16
+        std::memcpy(&four, c.codes.data() + r * groups + b * 4, sizeof four);
+        const __m512i codes = _mm512_set1_epi64(four);
+        const __m512i sm = _mm512_shuffle_epi8(codes, masked_scales), ss = _mm512_shuffle_epi8(codes, shifted_scales);
+        RADIXSERVE_UNROLL
+        for (int m = 0; m < M; ++m) {
+          const __m512i pm = _mm512_maddubs_epi16(masked, _mm512_loadu_si512(x + m * k));
+          const __m512i ps = _mm512_maddubs_epi16(shifted, _mm512_loadu_si512(x + m * k + 64));
+          sum[r][m] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(sum[r][m], pm, sm), ps, ss);
+        }
+      }
+    }
+    RADIXSERVE_UNROLL
+    for (int r = 0; r < R; ++r)
+      RADIXSERVE_UNROLL
+      for (int m = 0; m < M; ++m)
+        acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r][m]),
+                                    _mm512_set1_ps(c.factor[(r * a.supers + s) * M + m]), acc[r][m]);
+  }
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r)
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m)
+      out[m * n + j + r] = static_cast<O>(_mm512_reduce_add_ps(acc[r][m]) + c.rest[r][m]);
+}
+
+// Weight-row quads [begin, end), R rows at a time: each (row, activation row) pair holds two
+// accumulators, and more rows than registers would spill.
+template <int M, typename O>
+void dot_quads(const uint8_t* w, const radixserve::GroupScales& scales, const radixserve::GroupScales& lows, int64_t n,
+               int64_t begin, int64_t end, const Q8Activations& a, O* out) {
+  constexpr int R = M <= 2 ? 4 : M <= 4 ? 2 : 1;
+  RowsQ8<M, R> c(a.groups, a.supers);
+  for (int64_t j = begin * kQuad; j < end * kQuad; j += R) {
+    c.load(scales, lows, j, a);
+    if (a.prefetch)
+      dot_rows<M, R, true>(w, c, n, j, a, out);
+    else
+      dot_rows<M, R, false>(w, c, n, j, a, out);
+  }
+}
+#endif
+
+// x [rows, K] @ (scales * q + lows).T -> [rows, N] in x's dtype, x rounded to int8 per 256.
+at::Tensor int4_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales,
+                        const at::Tensor& scale_steps, const at::Tensor& lows,
+                        const std::optional<at::Tensor>& low_steps) {
+  TORCH_CHECK(RADIXSERVE_INT4_Q8, "int4_gemv_q8: this CPU lacks AVX-512 VNNI (int4_gemv_q8_fast() is false)");
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "int4_gemv_q8: x is a CPU [rows, K] float32 or bfloat16 tensor");
+  TORCH_CHECK(x.size(1) % kSuper == 0, "int4_gemv_q8: K is a multiple of 256");
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kByte && w.size(1) * 2 == x.size(1) &&
+                  w.size(0) % kQuad == 0,
+              "int4_gemv_q8: codes are contiguous uint8 [N, K / 2] with K = x's width and N a multiple of 4");
+  TORCH_CHECK(x.size(0) <= kMaxRows, "int4_gemv_q8: at most 8 rows a call");
+  const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
+  const auto sg = radixserve::GroupScales::of(scales, scale_steps, n, k / kGroup, "int4_gemv_q8");
+  TORCH_CHECK(sg.type == at::kChar && sg.span == kSpan,
+              "int4_gemv_q8: scales are int8 codes with a float32 step per 8 groups (a k-quant's)");
+  const auto lg = radixserve::GroupScales::of(lows, low_steps, n, k / kGroup, "int4_gemv_q8 lows");
+  Q8Activations a;
+  a.k = k;
+  a.groups = k / kGroup;
+  a.supers = k / kSuper;
+  a.q.resize(rows * k);
+  a.scale.resize(rows * a.supers);
+  a.sums.resize(rows * a.groups);
+  a.prefetch = radixserve::activations_spill(rows * k);
+  at::Tensor out = at::empty({rows, n}, x.options());
+#if RADIXSERVE_INT4_Q8
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 15) / k);  // quads; small layers stay on one thread
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int4_gemv_q8", [&] {
+    quantize_rows<scalar_t>(x, a);
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, n / kQuad, grain, [&](int64_t begin, int64_t end) {
+      radixserve::with_row_count(rows, [&](auto count) {
+        constexpr int M = decltype(count)::value;
+        dot_quads<M>(wp, sg, lg, n, begin, end, a, op);
+      });
+    });
+  });
+#endif
+  return out;
+}
+
+bool int4_gemv_q8_fast() { return RADIXSERVE_INT4_Q8 != 0; }
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
+  m.def("int4_gemv_q8(Tensor x, Tensor w, Tensor scales, Tensor scale_steps, Tensor lows, Tensor? low_steps=None) -> Tensor",
+        int4_gemv_q8);
+  m.def("int4_gemv_q8_fast() -> bool", int4_gemv_q8_fast);
+}
