@@ -6,7 +6,8 @@ exact weights, and how fast one stream runs.
 The default model is a GGUF (Q4_K_M: Q8_0, Q5_0, Q6_K and Q4_K tensors), so its exact weights are
 the dequantized ones in float32; the reference is that model in fp32. Compared with it: bf16
 (those weights rounded to bf16, `--quantization none`), gguf (the shipped codes times the bf16
-activations: the default where the CPU has the kernels), and int8 / int4 (quantized again here).
+activations: the default where the CPU has the kernels), gguf --int8-activations (its Q4_K layers
+over activations rounded to int8, as llama.cpp's), and int8 / int4 (quantized again here).
 Quality: greedy continuations of a fixed set of prompts (few-shot facts, lists, code, prose),
 one prompt at a time (the quantized kernels serve products of few rows); printed are the share
 of prompts whose whole continuation is identical to the reference's and the mean share of tokens
@@ -44,25 +45,26 @@ PROMPTS = [
 ]
 
 
-WAYS = {  # name: (--dtype, --quantization)
-    "fp32 (exact weights)": ("float32", "none"),
-    "bf16": ("bfloat16", "none"),
-    "gguf (default)": ("bfloat16", "gguf"),
-    "int8": ("bfloat16", "int8"),
-    "int4": ("bfloat16", "int4"),
+WAYS = {  # name: (--dtype, --quantization, --int8-activations)
+    "fp32 (exact weights)": ("float32", "none", False),
+    "bf16": ("bfloat16", "none", False),
+    "gguf (default)": ("bfloat16", "gguf", False),
+    "gguf --int8-activations": ("bfloat16", "gguf", True),
+    "int8": ("bfloat16", "int8", False),
+    "int4": ("bfloat16", "int4", False),
 }
 
 
 GREEDY_ONE = {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True}
 
 
-def continuations(model: str, dtype: str, quantization: str, tokens: int,
+def continuations(model: str, dtype: str, quantization: str, int8_activations: bool, tokens: int,
                   reference: list[list[int]]) -> tuple[list[list[int]], float, float]:
     """This way's greedy continuations, its one-stream speed, and its teacher-forced agreement
     with the `reference` continuations (none yet: this way is the reference, agreement 1.0)."""
     from runtime import Engine
 
-    with Engine(model=model, dtype=dtype, quantization=quantization) as engine:
+    with Engine(model=model, dtype=dtype, quantization=quantization, int8_activations=int8_activations) as engine:
         # one prompt at a time: the quantized kernels serve products of few rows (one stream)
         outs = [engine.generate(p, sampling_params={"max_new_tokens": tokens, "temperature": 0,
                                                     "ignore_eos": True})[0].token_ids for p in PROMPTS]
@@ -100,8 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     result: dict[str, dict[str, float]] = {}
     reference: list[list[int]] = []
     for name in args.ways:
-        dtype, quantization = WAYS[name]
-        outs, speed, forced = continuations(args.model, dtype, quantization, args.tokens, reference)
+        dtype, quantization, int8_activations = WAYS[name]
+        outs, speed, forced = continuations(args.model, dtype, quantization, int8_activations, args.tokens, reference)
         reference = reference or outs
         result[name] = {"one_stream_tok_s": speed, **agreement(reference, outs), "teacher_forced_share": forced}
     for name, row in result.items():
