@@ -16,7 +16,11 @@ file's tensors (benchmarks/memory_bound.py) x tok/s / the copy bandwidth.
 Results: benchmarks/results/real_shapes.json and .md (the CPU kind and the date in both).
 
     python -m benchmarks.real_shapes [--rows llama-3.2-1b:16 coder-1.5b qwen2.5-7b:28 ...] [--trials 2]
-        [--prepare-only] [--append]
+        [--prepare-only] [--append] [--systems radixserve radixserve-int8-activations llama.cpp]
+
+`--systems` may add radixserve-int8-activations: radixserve with `--int8-activations` (its Q4_K
+layers over activations rounded to int8, as llama.cpp's arithmetic; opt-in, docs/cpu.md), in the
+docs' table; the README's keeps the default pair.
 
 `--prepare-only` writes the files and converts them for radixserve, measuring nothing (it needs no
 quiet machine); `--append` keeps the JSON's other rows (each row carries the bandwidth and the
@@ -46,7 +50,10 @@ from server.processes import free_port, stop, wait_healthy
 
 CODER_ROW = "coder-1.5b"
 KV_TOKENS = 4096
-SYSTEMS = ("radixserve", "llama.cpp")
+SYSTEMS = ("radixserve", "llama.cpp")  # the README's pair
+# also measurable (--systems): radixserve with llama.cpp's arithmetic for Q4_K, int8 activations (docs/cpu.md)
+INT8 = "radixserve-int8-activations"
+CHOICES = (*SYSTEMS, INT8)
 
 
 def llama_python() -> Path:
@@ -90,9 +97,10 @@ def row_file(row: str) -> tuple[str, Path, str]:
 
 def command(system: str, path: Path, port: int) -> list[str]:
     host = ["--host", "127.0.0.1", "--port", str(port)]
-    if system == "radixserve":
+    if system in ("radixserve", INT8):
         return [sys.executable, "-m", "server", "--model", str(path), "--served-model-name", "default",
-                "--kv-cache-tokens", str(KV_TOKENS), "--log-level", "warning", *host]
+                "--kv-cache-tokens", str(KV_TOKENS), "--log-level", "warning", *host,
+                *(["--int8-activations"] if system == INT8 else [])]
     return [str(llama_python()), "-m", "llama_cpp.server", "--model", str(path), "--model_alias", "default",
             "--n_ctx", str(KV_TOKENS), "--n_threads", str(os.cpu_count() or 2), *host]
 
@@ -101,7 +109,7 @@ def prepare(system: str, path: Path) -> None:
     """What a first start does once (our conversion of the file and the block layers kept from it,
     runtime/cpu/block_cache.py; the file read into the page cache), so that start-up is measured on
     a cached model: for us, a start run to health and stopped (a no-op where it is cached already)."""
-    if system == "radixserve":
+    if system in ("radixserve", INT8):
         port = free_port()
         proc = subprocess.Popen(command(system, path, port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 cwd=str(Path(__file__).resolve().parents[1]))
@@ -200,7 +208,7 @@ def compact(report: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", nargs="+", default=["llama-3.2-1b", CODER_ROW, "qwen2.5-7b", "qwen3-30b-a3b:12"])
-    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument("--systems", nargs="+", choices=CHOICES, default=list(SYSTEMS))
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--json", type=Path, default=RESULTS / "real_shapes.json")
     parser.add_argument("--prepare-only", action="store_true", help="write and convert the files; measure nothing")
@@ -216,7 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.prepare_only:
         for row in args.rows:
             _, path, _ = row_file(row)
-            if "radixserve" in args.systems:
+            if "radixserve" in args.systems or INT8 in args.systems:
                 prepare("radixserve", path)
         return {}
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
