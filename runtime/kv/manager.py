@@ -70,11 +70,12 @@ class KVManager:
             self.tiers.close()
 
     def admit(self, req: Req, prefix: torch.Tensor, node: object) -> None:
-        """Give a waiting request a table row holding its (already locked) cached prefix."""
+        """Give a waiting request a table row holding its (already locked) cached prefix. The lock
+        is the request's from the first line on, so `discard` gives it back whatever fails here."""
+        req.locked_node = node
         req.row = self.table.alloc_row()
         self.table.write(req.row, 0, prefix)
         req.kv_len = req.allocated = req.locked_len = len(prefix)
-        req.locked_node = node
 
     def grow(self, req: Req, new_len: int) -> bool:
         """Make room for `new_len` tokens of KV in the request's row, evicting cache leaves if needed."""
@@ -170,5 +171,18 @@ class KVManager:
         self.allocator.free(slots[keep:])
         self.cache.unlock(req.locked_node)
         self.table.free_row(req.row)
+        req.row, req.locked_node = None, None
+        req.kv_len = req.allocated = req.locked_len = 0
+
+    def discard(self, req: Req) -> None:
+        """Give back everything a request holds and cache nothing of it: its table row, its own
+        slots, its lock on the cached prefix. For a request that faulted (runtime/step/scheduler.py:
+        `Scheduler._planning`), at any point of its bookkeeping: its tokens or state may be what is
+        wrong, so unlike `release` this never walks the tree with them."""
+        if req.row is not None:
+            self.allocator.free(self.table.read(req.row, req.allocated)[req.locked_len :].clone())
+            self.table.free_row(req.row)
+        if req.locked_node is not None:
+            self.cache.unlock(req.locked_node)
         req.row, req.locked_node = None, None
         req.kv_len = req.allocated = req.locked_len = 0

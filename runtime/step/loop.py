@@ -15,9 +15,11 @@ its token as a `future` (an index into step n's sampled ids), and the host reads
 while the device runs step n+1. Without overlap (the CPU default) each step is processed at once.
 
 Callers talk to the loop only through `post` (a thread-safe inbox of commands); results leave
-through each request's `sink`. A fault inside one step fails the requests of that step and the
-loop goes on; a fault in the loop itself is recorded in `dead` so health checks fail instead of
-hang.
+through each request's `sink`. A fault while planning one request fails that request (the
+scheduler's per-request seam, Scheduler._planning); a fault inside one step fails the requests of
+that step (retried one by one first); either way the loop goes on. A fault in the loop itself,
+planning included where no one request is to blame, is recorded in `dead` so health checks fail
+instead of hang.
 """
 
 from __future__ import annotations
@@ -154,10 +156,7 @@ class EngineLoop:
     def _step(self) -> None:
         if self._inflight is not None and self._drafts_wait(self._inflight):
             self._complete_inflight()  # its constrained requests draft only from a last token on the host
-        with self._timed("schedule"):
-            plan = self.scheduler.schedule()
-        for req in self.scheduler.failed:
-            self.output.emit_final(req)
+        plan = self._schedule()
         if not plan:
             if self._inflight is not None:
                 self._complete_inflight()  # its results may free room or finish requests
@@ -178,6 +177,19 @@ class EngineLoop:
             else:
                 self._complete(launched)
         self.steps += 1
+
+    def _schedule(self) -> StepPlan:
+        """Plan the next step, and emit the requests planning failed: those it could not fit, and
+        those it failed alone because their own planning raised (Scheduler._planning). They are
+        emitted even when planning itself raises, for no one request (a bug of its own): the loop
+        then dies of it (`_run`), and they still hear their own reason rather than the loop's."""
+        try:
+            with self._timed("schedule"):
+                return self.scheduler.schedule()
+        finally:
+            failed, self.scheduler.failed = self.scheduler.failed, []
+            for req in failed:
+                self.output.emit_final(req)
 
     def _drafts_wait(self, launched: LaunchedStep) -> bool:
         """Whether the next step should be planned after `launched` is read rather than beside it:

@@ -14,6 +14,8 @@ requests sharing a cached system prompt and an uncached document still share the
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -42,8 +44,15 @@ class SchedulePolicy:
         self.fallback_queue_len = fallback_queue_len
         self.page_size = page_size
 
-    def order(self, waiting: list[Req]) -> list[Candidate]:
-        candidates = [self._match(req) for req in waiting]
+    def order(self, waiting: list[Req],
+              guard: Callable[[Req], AbstractContextManager[object]] | None = None) -> list[Candidate]:
+        """The waiting requests in admission order, each with its cached prefix. `guard(req)` wraps
+        each request's match: the scheduler's per-request seam (Scheduler._planning), which fails a
+        request whose match raises; that request is left out of the order."""
+        candidates: list[Candidate] = []
+        for req in waiting:
+            with guard(req) if guard is not None else nullcontext():
+                candidates.append(self._match(req))
         policy = self.policy
         if policy == "lpm" and len(waiting) > self.fallback_queue_len:
             policy = "fcfs"

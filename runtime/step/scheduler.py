@@ -7,12 +7,20 @@ their KV slots first; when none are left even after evicting cache leaves, the m
 admitted requests are retracted (their KV handed to the cache, their tokens kept) and recomputed
 later. New requests are admitted in policy order while there is room for their prompt plus a
 reserve for the decoding already under way.
+
+What planning does for one request (its prefix match, its KV, its draft from prompt lookup or its
+grammar's forced continuation, its entry in the plan) runs inside `_planning`, the per-request
+seam: an exception there fails that request alone, gives back what it held, and the step is
+planned for the others.
 """
 
 from __future__ import annotations
 
+import logging
+import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +40,8 @@ from runtime.step.schedule_policy import SchedulePolicy
 # tokens each still may generate. Retraction covers the cases where the estimate is short.
 DECODE_RESERVE_RATIO = 0.3
 DECODE_RESERVE_CAP = 256
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -102,34 +112,41 @@ class Scheduler:
 
     def _schedule_decodes(self, plan: StepPlan) -> None:
         decoding = [r for r in self.running if r.is_decoding]
-        drafts, forced = self._drafts(decoding)
+        drafts, forced = self._drafts(decoding, plan)
+        decoding = [r for r in decoding if r.state is ReqState.RUNNING]  # (less any whose draft failed)
         if drafts and not self.kv.grow_decodes(decoding, drafts):
             drafts = {}  # no room to verify drafts this step: decode one token each
         if drafts or self.kv.grow_decodes(decoding):  # the common case: everyone fits, one allocation
             for req in decoding:
-                draft = drafts.get(req)
-                if draft:
-                    plan.add_draft(req, draft, forced[req])
-                    self.counters.draft_tokens += len(draft) - forced[req]
-                    self.counters.forced_draft_tokens += forced[req]
-                else:
-                    plan.add(req, 1)
+                with self._planning(req, plan):
+                    self._plan_decode(plan, req, drafts.get(req), forced.get(req, 0))
             return
         for req in decoding:
             if req.state is not ReqState.RUNNING:
                 continue  # retracted for an earlier one this step
-            while not self.kv.grow(req, req.kv_len + 1):
-                victim = next((r for r in reversed(self.running) if r is not req), None)
-                if victim is None:
-                    self._fail(req, "the KV cache is too small for this request")
-                    break
-                self._retract(victim, plan)
-            else:
-                plan.add(req, 1)
+            with self._planning(req, plan):
+                while not self.kv.grow(req, req.kv_len + 1):
+                    victim = next((r for r in reversed(self.running) if r is not req), None)
+                    if victim is None:
+                        self._fail(req, "the KV cache is too small for this request")
+                        break
+                    self._retract(victim, plan)
+                else:
+                    plan.add(req, 1)
 
-    def _drafts(self, decoding: list[Req]) -> tuple[dict[Req, list[int]], dict[Req, int]]:
+    def _plan_decode(self, plan: StepPlan, req: Req, draft: list[int] | None, forced: int) -> None:
+        """A decoding request's entry: its next token, and its draft to verify where it has one."""
+        if not draft:
+            plan.add(req, 1)
+            return
+        plan.add_draft(req, draft, forced)
+        self.counters.draft_tokens += len(draft) - forced
+        self.counters.forced_draft_tokens += forced
+
+    def _drafts(self, decoding: list[Req], plan: StepPlan) -> tuple[dict[Req, list[int]], dict[Req, int]]:
         """Drafts for the decoding requests that may speculate, and how many of each one's leading
-        tokens are its grammar's forced continuation (runtime/sampling/speculative.py)."""
+        tokens are its grammar's forced continuation (runtime/sampling/speculative.py). A request
+        whose drafting raises is failed (`_planning`) and has no draft."""
         config, jump = self.speculative, self.jump_forward
         if config is None and jump is None:
             return {}, {}
@@ -142,9 +159,10 @@ class Scheduler:
             # never past max_new_tokens (the verified tokens plus the model's own next one) or the context
             room = min(req.params.max_new_tokens - len(req.output_ids) - 1, self.kv.table.max_context - req.seq_len - 1)
             if room > 0:
-                draft, forced[req] = propose_draft(req, room, config, jump)
-                if draft:
-                    drafts[req] = draft
+                with self._planning(req, plan):
+                    draft, forced[req] = propose_draft(req, room, config, jump)
+                    if draft:
+                        drafts[req] = draft
         return drafts, forced
 
     def _continue_prefills(self, plan: StepPlan, budget: int) -> int:
@@ -153,11 +171,12 @@ class Scheduler:
                 break
             if req.state is not ReqState.RUNNING or req.is_decoding or req in plan or req.pending <= 0:
                 continue  # (pending 0: a prompt-only request whose step is still in flight)
-            chunk = min(req.pending, self.args.chunked_prefill_size, budget)
-            if not self.kv.grow(req, req.kv_len + chunk):
-                continue  # try again next step, once decodes have freed or cached something
-            self._plan_prefill(plan, req, chunk)
-            budget -= chunk
+            with self._planning(req, plan):
+                chunk = min(req.pending, self.args.chunked_prefill_size, budget)
+                if not self.kv.grow(req, req.kv_len + chunk):
+                    continue  # try again next step, once decodes have freed or cached something
+                self._plan_prefill(plan, req, chunk)
+                budget -= chunk
         return budget
 
     def _admit(self, plan: StepPlan, budget: int) -> None:
@@ -167,7 +186,7 @@ class Scheduler:
         running_remaining = sum(self._remaining(r) for r in self.running)  # kept up to date below
         # Every running request is in every step, so at most max_loras_per_batch adapters may run at once.
         adapters = {r.lora for r in self.running if r.lora is not None}
-        for cand in self.policy.order(list(self.waiting)):
+        for cand in self.policy.order(list(self.waiting), guard=lambda r: self._planning(r, plan)):
             if budget <= 0 or len(self.running) >= self.args.max_running_requests:
                 break
             if self.kv.table.available() == 0:
@@ -175,44 +194,48 @@ class Scheduler:
             if cand.deprioritized and admitted:
                 continue
             req = cand.req
-            if req.inflight:  # retracted while its last token was in flight: admit once it has landed
-                continue
-            if req.lora is not None and req.lora not in adapters and len(adapters) >= self.args.max_loras_per_batch:
-                continue  # waits until a request of another adapter ends
-            # Match again: admitting earlier candidates may have evicted what we matched before;
-            # first bring back what of its prefix was demoted to the host or disk tier.
-            self.kv.promote(req)
-            match, ready = self._match(req)
-            self.kv.cache.lock(match.node)
-            prefix = len(match.indices)
-            chunk = min(req.seq_len - prefix, self.args.chunked_prefill_size, budget)
-            need = self.kv.pages_for(prefix + chunk) - prefix
-            reserve = int((running_remaining + self._remaining(req)) * DECODE_RESERVE_RATIO)
-            if self.kv.room() < need + reserve:
-                self.kv.cache.unlock(match.node)
-                break
-            self.waiting.remove(req)
-            self.kv.admit(req, match.indices, match.node)
-            if not self.kv.grow(req, prefix + chunk):  # cannot happen after the room check
-                self._retract(req, plan)
-                break
-            req.state = ReqState.RUNNING
-            self.running.append(req)
-            if req.lora is not None:
-                adapters.add(req.lora)
-            running_remaining += self._remaining(req)
-            if req.cached_tokens < 0:  # first admission (not a recompute after retraction)
-                self.on_dequeue(req)
-                req.cached_tokens = prefix
-                self.counters.prompt_tokens += len(req.prompt_ids)
-                self.counters.cached_tokens += prefix
-            if ready is not None:  # the whole prompt and its last logits were kept: no forward
-                plan.add_ready(req, ready)
-                self.kv.last_logits.hits += 1
-            else:
-                self._plan_prefill(plan, req, chunk)
-                budget -= chunk
-            admitted += 1
+            with self._planning(req, plan):
+                if req.inflight:  # retracted while its last token was in flight: admit once it has landed
+                    continue
+                if (req.lora is not None and req.lora not in adapters
+                        and len(adapters) >= self.args.max_loras_per_batch):
+                    continue  # waits until a request of another adapter ends
+                # Match again: admitting earlier candidates may have evicted what we matched before;
+                # first bring back what of its prefix was demoted to the host or disk tier.
+                self.kv.promote(req)
+                match, ready = self._match(req)
+                prefix = len(match.indices)
+                chunk = min(req.seq_len - prefix, self.args.chunked_prefill_size, budget)
+                need = self.kv.pages_for(prefix + chunk) - prefix
+                reserve = int((running_remaining + self._remaining(req)) * DECODE_RESERVE_RATIO)
+                # Locked from here: the request owns the lock once admitted (KVManager.admit), and
+                # nothing of its own runs before that, so a fault never strands it (`_planning`).
+                self.kv.cache.lock(match.node)
+                if self.kv.room() < need + reserve:
+                    self.kv.cache.unlock(match.node)
+                    break
+                self.waiting.remove(req)
+                self.kv.admit(req, match.indices, match.node)
+                if not self.kv.grow(req, prefix + chunk):  # cannot happen after the room check
+                    self._retract(req, plan)
+                    break
+                req.state = ReqState.RUNNING
+                self.running.append(req)
+                if req.lora is not None:
+                    adapters.add(req.lora)
+                running_remaining += self._remaining(req)
+                if req.cached_tokens < 0:  # first admission (not a recompute after retraction)
+                    req.cached_tokens = prefix
+                    self.on_dequeue(req)
+                    self.counters.prompt_tokens += len(req.prompt_ids)
+                    self.counters.cached_tokens += prefix
+                if ready is not None:  # the whole prompt and its last logits were kept: no forward
+                    plan.add_ready(req, ready)
+                    self.kv.last_logits.hits += 1
+                else:
+                    self._plan_prefill(plan, req, chunk)
+                    budget -= chunk
+                admitted += 1
 
     def _match(self, req: Req) -> tuple[MatchResult, torch.Tensor | None]:
         """The cached prefix a request may use, and the logits at its last prompt position where
@@ -233,8 +256,8 @@ class Scheduler:
             logits_from = max(first - req.kv_len, 0) if first < req.kv_len + chunk else None
             if req.logprobs is None:
                 req.logprobs = Logprobs()
-        self.counters.computed_prompt_tokens += chunk
         plan.add(req, chunk, logits_from)
+        self.counters.computed_prompt_tokens += chunk
 
     @staticmethod
     def _remaining(r: Req) -> int:
@@ -261,4 +284,43 @@ class Scheduler:
         req.error = message
         req.finish_reason = "abort"
         self.remove(req)
+        self.failed.append(req)
+
+    # -- the per-request seam ----------------------------------------------------------------------
+
+    @contextmanager
+    def _planning(self, req: Req, plan: StepPlan) -> Iterator[None]:
+        """Run one request's part of planning a step; if it raises, fail that request alone.
+
+        Planning runs code that depends on the request (its prefix match, its grammar's forced
+        continuation, its prompt-lookup draft, its adapter, its KV growth). A bug there, met for
+        one request, must not reach the engine loop, which would die and abort every request.
+        Instead the request ends with "abort" and "internal error: ...", gives back everything it
+        holds (`_drop_faulty`), and the step goes on for the others. The exception is swallowed:
+        the caller's loop continues with the next request.
+        """
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 - one request's fault must not end the others
+            logger.error("planning request %s failed; failing it alone:\n%s", req.rid, traceback.format_exc())
+            self._drop_faulty(req, plan, f"internal error: {exc!r}")
+
+    def _drop_faulty(self, req: Req, plan: StepPlan, message: str) -> None:
+        """Fail a request whose planning raised, at whatever point it raised: out of the plan and
+        the queues, and its table row, KV slots and prefix-cache lock given back. Nothing of it is
+        cached (KVManager.discard): what went wrong may be its tokens, and this path must not run
+        the tree code that may have raised. The loop emits it as it does `_fail`'s."""
+        if req.state is ReqState.FINISHED:
+            return  # failed already (`_fail` gave it back), and then something raised
+        plan.drop(req)
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.discard(req)
+        if req.cached_tokens < 0:  # it left the queue uncounted (the engine's queued count)
+            req.cached_tokens = 0
+            self.on_dequeue(req)
+        req.state = ReqState.FINISHED
+        req.error, req.finish_reason = message, "abort"
         self.failed.append(req)
