@@ -164,8 +164,15 @@ at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   };
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "group_gemv", [&] {
     const scalar_t* xs = x.data_ptr<scalar_t>();
-    for (int64_t m = 0; m < rows; ++m)
-      for (int64_t i = 0; i < k; ++i) xf[m * k + i] = static_cast<float>(xs[m * x.stride(0) + i * x.stride(1)]);
+    const int64_t step = x.stride(1);
+    for (int64_t m = 0; m < rows; ++m) {
+      const scalar_t* row = xs + m * x.stride(0);
+      float* dst = xf.data() + m * k;
+      if (step == 1)  // the decode step's case: a loop the compiler vectorizes
+        for (int64_t i = 0; i < k; ++i) dst[i] = static_cast<float>(row[i]);
+      else
+        for (int64_t i = 0; i < k; ++i) dst[i] = static_cast<float>(row[i * step]);
+    }
     run(out.data_ptr<scalar_t>());
   });
   return out;
