@@ -7,9 +7,8 @@
 // Two layouts, those of the few-row kernels that read the same weights (no second copy):
 // - int8 groups (group_gemv.cpp): codes int8 [N, K], scales [N, K / group] in one of
 //   group_scales.h's forms; w = scale * code.
-// - int4 blocks (int4_gemv.cpp): [N, K / 2] uint8, rows in quads, blocks of 128 codes as 32
-//   16-bit words (word j holds codes j, 32 + j, 64 + j, 96 + j in nibbles 0..3); scales and lows
-//   [N, K / 32] in one of group_scales.h's forms; w = scale * q + low.
+// - int4 blocks (int4_gemv.cpp): [N, K / 2] uint8 in int4_blocks.h's tiles, rows in quads;
+//   scales and lows [N, K / 32] in one of group_scales.h's forms; w = scale * q + low.
 // Every weight is computed in float32 and rounded once to the output dtype, as a float32
 // dequantization followed by a cast would be.
 
@@ -20,6 +19,7 @@
 #include <torch/library.h>
 
 #include "group_scales.h"
+#include "int4_blocks.h"
 #include "weight_store.h"
 
 #if defined(__AVX512F__)
@@ -64,29 +64,32 @@ void int8_rows(const int8_t* codes, const radixserve::GroupScales& scales, int64
 }
 
 // Multiply, then add, each rounded (no fused multiply-add): the weights are then bitwise those of a
-// float32 dequantization (gguf's, torch's).
+// float32 dequantization (gguf's, torch's). A tile's register v, nibble t gives codes 2i, 2i + 1
+// (i = 4v + t) of each of its groups: pairs of weights, each written to its group's place.
 template <typename O>
-__attribute__((optimize("fp-contract=off"))) void int4_rows(const int16_t* words, const radixserve::GroupScales& scales,
+__attribute__((optimize("fp-contract=off"))) void int4_rows(const uint8_t* packed, const radixserve::GroupScales& scales,
                                                             const radixserve::GroupScales& lows, int64_t k,
                                                             int64_t begin, int64_t end, O* out) {
-  const int64_t blocks = k / 128, groups = k / 32;
-  std::vector<float> row_scales(groups), row_lows(groups);
+  using namespace radixserve::int4;
+  const int64_t groups = k / kGroup;
+  std::vector<float> row_scales(groups), row_lows(groups), w(k);
   for (int64_t n = begin; n < end; ++n) {
-    const int64_t quad = n / 4, r = n % 4;
-    O* o = out + n * k;
     scales.expand(n, 1, row_scales.data());
     lows.expand(n, 1, row_lows.data());
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int16_t* w = words + ((quad * blocks + b) * 4 + r) * 32;
-      for (int t = 0; t < 4; ++t) {
-        const float s = row_scales[b * 4 + t];
-        const float l = row_lows[b * 4 + t];
-        float v[32];
-#pragma omp simd
-        for (int j = 0; j < 32; ++j) v[j] = s * static_cast<float>((static_cast<uint16_t>(w[j]) >> (4 * t)) & 15) + l;
-        radixserve::store(v, 32, o + b * 128 + t * 32);
+    for (int64_t ti = 0, tiles = tile_count(groups); ti < tiles; ++ti) {
+      const Tile tile = tile_of(groups, ti);
+      for (int v = 0; v < 4; ++v) {
+        const uint8_t* bytes = register_at(packed, k, n, tile, v);
+        for (int64_t p = 0; p < 2 * tile.groups; ++p) {
+          const uint16_t word = static_cast<uint16_t>(bytes[2 * p] | (bytes[2 * p + 1] << 8));
+          const int64_t g = tile.group0 + p / 2;
+          const float s = row_scales[g], l = row_lows[g];
+          float* into = w.data() + g * kGroup + 8 * v + p % 2;  // code 2(4v + t) + p % 2
+          for (int t = 0; t < 4; ++t) into[2 * t] = s * static_cast<float>((word >> (4 * t)) & 15) + l;
+        }
       }
     }
+    radixserve::store(w.data(), k, out + n * k);
   }
 }
 
@@ -124,11 +127,11 @@ at::Tensor dequant_int4_blocks(const at::Tensor& packed, const at::Tensor& scale
   const auto lg = radixserve::GroupScales::of(lows, low_steps, n, k / 32, "dequant_int4_blocks lows");
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "dequant_int4_blocks: float32 or bfloat16 out");
   at::Tensor out = at::empty({n, k}, packed.options().dtype(dtype));
-  const int16_t* words = reinterpret_cast<const int16_t*>(packed.data_ptr<uint8_t>());
+  const uint8_t* bytes = packed.data_ptr<uint8_t>();
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 16) / k);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, dtype, "dequant_int4_blocks", [&] {
     scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { int4_rows(words, sg, lg, k, begin, end, op); });
+    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { int4_rows(bytes, sg, lg, k, begin, end, op); });
   });
   return out;
 }
@@ -140,24 +143,28 @@ at::Tensor repack_int4_nibbles(const at::Tensor& nibbles) {
   TORCH_CHECK(nibbles.dim() == 2 && nibbles.is_contiguous() && nibbles.scalar_type() == at::kByte &&
                   nibbles.size(0) % 4 == 0 && (nibbles.size(1) * 2) % 128 == 0,
               "repack_int4_nibbles: contiguous uint8 [N, K / 2], N a multiple of 4, K of 128");
-  const int64_t n = nibbles.size(0), half = nibbles.size(1), k = half * 2, blocks = k / 128;
+  using namespace radixserve::int4;
+  const int64_t n = nibbles.size(0), half = nibbles.size(1), k = half * 2, groups = k / kGroup;
   at::Tensor out = at::empty({n, half}, nibbles.options());
   const uint8_t* in = nibbles.data_ptr<uint8_t>();
-  uint16_t* words = reinterpret_cast<uint16_t*>(out.data_ptr<uint8_t>());
+  uint8_t* o = out.data_ptr<uint8_t>();
   at::parallel_for(0, n, std::max<int64_t>(4, (int64_t{1} << 16) / k), [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const uint8_t* r = in + row * half;
-      const int64_t quad = row / 4, at = row % 4;
-      for (int64_t b = 0; b < blocks; ++b) {
-        uint16_t* w = words + ((quad * blocks + b) * 4 + at) * 32;
-        for (int j = 0; j < 32; ++j) {
-          uint16_t word = 0;
-          for (int t = 0; t < 4; ++t) {
-            const int64_t code = b * 128 + t * 32 + j;
-            const uint8_t byte = r[code / 2];
-            word |= static_cast<uint16_t>(((code % 2) ? (byte >> 4) : (byte & 15)) << (4 * t));
+      for (int64_t ti = 0, tiles = tile_count(groups); ti < tiles; ++ti) {
+        const Tile tile = tile_of(groups, ti);
+        for (int v = 0; v < 4; ++v) {
+          uint8_t* bytes = const_cast<uint8_t*>(register_at(o, k, row, tile, v));
+          for (int64_t p = 0; p < 2 * tile.groups; ++p) {
+            uint16_t word = 0;
+            for (int t = 0; t < 4; ++t) {  // code 2(4v + t) + p % 2 of group group0 + p / 2
+              const int64_t code = (tile.group0 + p / 2) * kGroup + 2 * (4 * v + t) + p % 2;
+              const uint8_t byte = r[code / 2];
+              word |= static_cast<uint16_t>(((code % 2) ? (byte >> 4) : (byte & 15)) << (4 * t));
+            }
+            bytes[2 * p] = static_cast<uint8_t>(word & 0xFF);
+            bytes[2 * p + 1] = static_cast<uint8_t>(word >> 8);
           }
-          w[j] = word;
         }
       }
     }

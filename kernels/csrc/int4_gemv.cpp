@@ -9,12 +9,12 @@
 // weights").
 //
 // Weights: codes q in [0, 15], w[n, k] = scales[n, g] * q[n, k] + lows[n, g] with g = k / 32, in
-// int4_blocks.h's layout (blocks of 128 codes as 32 16-bit words, word j holding codes j, 32 + j,
-// 64 + j and 96 + j; rows in quads). Shifting the block right by 4t and masking each word's low
-// nibble gives group t's 32 codes in order, one to a 16-bit lane. Scales and lows float16 (an
-// eighth of a byte a weight each; torch's int4 kernel keeps them in bf16, 3 fewer bits), or, where
-// float16 would round them (a GGUF's Q4_K scales are d * a 6-bit scale: up to 17 bits), int8 codes
-// times a float32 step per super-block (group_scales.h: a byte a group), or float32.
+// int4_blocks.h's layout: tiles of 16 groups (4 registers of 32 16-bit words; rows in quads)
+// where shifting a register right by 4t and masking each word's low nibble gives two codes of
+// each of the tile's 16 groups, one to a 16-bit lane. Scales and lows float16 (an eighth of a byte
+// a weight each; torch's int4 kernel keeps them in bf16, 3 fewer bits), or, where float16 would
+// round them (a GGUF's Q4_K scales are d * a 6-bit scale: up to 17 bits), int8 codes times a
+// float32 step per super-block (group_scales.h: a byte a group), or float32.
 //
 // The float trick: the 16-bit pattern 0x4300 | q is the bf16 number 128 + q (128's exponent makes
 // the mantissa's last bit worth 1), and moved into a 32-bit lane's top half it is the float32
@@ -22,11 +22,12 @@
 // sum((128 + q) x) = sum(q x) + 128 sum(x), and per row
 //   w . x = sum_g scale_g sum((128 + q) x) + sum_g (low_g - 128 scale_g) sum_g(x),
 // with the activations' group sums formed once per call. Products are exact and sums in float32;
-// the 128s cost about 4 bits of float32's 24, far below the activations' own rounding.
+// the 128s cost about 4 bits of float32's 24, far below the activations' own rounding. A tile's
+// 16 group sums build up in 16 lanes and meet their scales once, in one multiply-add.
 // - bf16 activations on CPUs with bf16 dot products (AVX512_BF16: Zen 4, Sapphire Rapids): one
-//   instruction multiplies a group's 32 codes by its 32 activations and sums them in pairs.
-// - Otherwise (float32 activations, or AVX-512 without bf16): 32-bit lanes hold two codes each,
-//   the even one shifted up, the odd one already there; activations are reordered once to match.
+//   instruction multiplies 2 codes of each of 16 groups by their activations and sums each pair.
+// - Otherwise (float32 activations, or AVX-512 without bf16): a 32-bit lane holds a group's two
+//   codes, the even one shifted up, the odd one already there; activations are laid out once to match.
 // Without AVX-512 a portable loop gives the same results, slowly: there the callers keep torch's
 // kernel (`int4_gemv_fast()`).
 //
@@ -70,16 +71,36 @@ namespace {
 using namespace radixserve::int4;  // the layout: kGroup, kBlock, kQuad, kMaxRows, block_at
 constexpr uint32_t kBase = 0x43000000u;  // float32 128's bits; 0x4300 is bf16 128's
 
-// The activations of one call, prepared once and read by every weight row.
+// The activations of one call, prepared once and read by every weight row, in the tiles' order
+// (int4_blocks.h): in a tile of G groups, dot product i (0..15) reads codes 2i and 2i + 1 of
+// each group, so its activations are those two of each group, group by group.
 struct Activations {
   int64_t k = 0, groups = 0;
-  std::vector<float> paired;  // [M, k] float32, each group's 16 even-position values then its 16 odd ones
-  std::vector<uint16_t> bf16;  // [M, k] bf16 bits, in order (the bf16 dot-product loop only)
+  std::vector<float> paired;   // [M, k] float32: per tile and i, the G groups' activation 2i, then their
+                               // 2i + 1 (without AVX-512: [M, k] in order, for the portable loop)
+  std::vector<uint16_t> bf16;  // [M, k] bf16 bits: per tile and i, each group's activations 2i, 2i + 1
   std::vector<float> sums;     // [M, groups] each group's sum
   bool prefetch = false;       // the weight stream prefetched by hand (weight_prefetch.h)
 };
 
-// Scales of R weight rows as floats (read once per group in the loops), and the per-row constant
+// Where activation c of group g goes in a row of Activations::bf16 ...
+inline int64_t bf16_at(int64_t groups, int64_t g, int c) {
+  const Tile tile = tile_holding(groups, g);
+  return tile.group0 * kGroup + (c / 2) * 2 * tile.groups + 2 * (g - tile.group0) + c % 2;
+}
+
+// ... and of Activations::paired.
+inline int64_t paired_at(int64_t groups, int64_t g, int c) {
+#if RADIXSERVE_INT4_AVX512
+  const Tile tile = tile_holding(groups, g);
+  return tile.group0 * kGroup + (c / 2) * 2 * tile.groups + (c % 2) * tile.groups + (g - tile.group0);
+#else
+  (void)groups;
+  return g * kGroup + c;
+#endif
+}
+
+// Scales of R weight rows as floats (read once per tile in the loops), and the per-row constant
 // of the 128 trick: rest[r][m] = sum_g (low_g - 128 scale_g) * sum_g(x_m), as a vector whose lanes
 // sum to it where the loop has vectors (the loop's accumulators start from it).
 template <int M, int R>
@@ -147,40 +168,71 @@ inline void finish(const __m512 (&acc)[R][M], int64_t n, int64_t j, O* out) {
     RADIXSERVE_UNROLL
     for (int m = 0; m < M; ++m) out[m * n + j + r] = static_cast<O>(_mm512_reduce_add_ps(acc[r][m]));
 }
+
+// A tile's masks: its 2G words of a register, its G groups (lanes of 32 bits).
+inline __mmask32 word_mask(const Tile& tile) {
+  return tile.groups == kTileGroups ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << (2 * tile.groups)) - 1);
+}
+inline __mmask16 group_mask(const Tile& tile) { return __mmask16((1u << tile.groups) - 1); }
+
+// The tile's sums (a group a lane) times the groups' scales, into the row's accumulators.
+template <int M, int R>
+inline void scale_tile(const __m512 (&tacc)[R][M], const RowConstants<M, R>& c, int64_t groups, const Tile& tile,
+                       __m512 (&acc)[R][M]) {
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r) {
+    const __m512 sv = _mm512_maskz_loadu_ps(group_mask(tile), c.scale.data() + r * groups + tile.group0);
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m) acc[r][m] = _mm512_fmadd_ps(tacc[r][m], sv, acc[r][m]);
+  }
+}
 #endif
 
 // R weight rows from j against M activation rows, in float32; into out[m * n + j + r] (rounded
 // once, to the activations' dtype O). Several weight rows at once for few activation rows: each
 // row's sum is a chain of dependent multiply-adds, and a single chain waits on its own latency.
 template <int M, int R, bool Prefetch, typename O>
-void dot_block(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t j, const Activations& a, O* out) {
+void dot_tiles(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t j, const Activations& a, O* out) {
   const int64_t k = a.k, groups = a.groups;
 #if RADIXSERVE_INT4_AVX512
+  // 32-bit lane L of a register: words 2L (code 2i of group L, in its low half) and 2L + 1 (code
+  // 2i + 1, high half); nibble t of either moved to bits 16..19 and or-ed with 128's float bits
   const __m512i nibble = _mm512_set1_epi32(0x000F0000), base = _mm512_set1_epi32(kBase);
   __m512 acc[R][M];
   c.start(acc);
-  for (int64_t b = 0; b < k / kBlock; ++b) {
-    if constexpr (Prefetch) radixserve::prefetch_ahead<R>(block_at(w, k, j, b));  // R rows of 64 bytes
+  for (int64_t ti = 0, tiles = tile_count(groups); ti < tiles; ++ti) {
+    const Tile tile = tile_of(groups, ti);
+    if constexpr (Prefetch) radixserve::prefetch_ahead<4 * R>(block_at(w, k, j, tile.group0 / 4));
+    const __mmask16 lanes = group_mask(tile);
+    __m512 tacc[R][M];
     RADIXSERVE_UNROLL
-    for (int t = 0; t < 4; ++t) {
-      const int64_t g = b * 4 + t;
+    for (int r = 0; r < R; ++r)
       RADIXSERVE_UNROLL
-      for (int r = 0; r < R; ++r) {
-        const __m512i lanes = _mm512_loadu_si512(block_at(w, k, j + r, b));
-        // even codes: the low word's nibble t moved to bits 16..19; odd ones: the high word's
-        const __m512 even = _mm512_castsi512_ps(
-            _mm512_ternarylogic_epi32(_mm512_slli_epi32(lanes, 16 - 4 * t), nibble, base, 0xEA));
-        const __m512 odd = _mm512_castsi512_ps(
-            _mm512_ternarylogic_epi32(_mm512_srli_epi32(lanes, 4 * t), nibble, base, 0xEA));
-        const __m512 sv = _mm512_set1_ps(c.scale[r * groups + g]);
+      for (int m = 0; m < M; ++m) tacc[r][m] = _mm512_setzero_ps();
+    RADIXSERVE_UNROLL
+    for (int v = 0; v < 4; ++v) {
+      __m512i words[R];
+      RADIXSERVE_UNROLL
+      for (int r = 0; r < R; ++r) words[r] = _mm512_maskz_loadu_epi32(lanes, register_at(w, k, j + r, tile, v));
+      RADIXSERVE_UNROLL
+      for (int t = 0; t < 4; ++t) {
+        const int64_t at = tile.group0 * kGroup + (4 * v + t) * 2 * tile.groups;
         RADIXSERVE_UNROLL
-        for (int m = 0; m < M; ++m) {
-          const float* xg = a.paired.data() + m * k + g * kGroup;
-          const __m512 part = _mm512_fmadd_ps(odd, _mm512_loadu_ps(xg + 16), _mm512_mul_ps(even, _mm512_loadu_ps(xg)));
-          acc[r][m] = _mm512_fmadd_ps(part, sv, acc[r][m]);
+        for (int r = 0; r < R; ++r) {
+          const __m512 even = _mm512_castsi512_ps(
+              _mm512_ternarylogic_epi32(_mm512_slli_epi32(words[r], 16 - 4 * t), nibble, base, 0xEA));
+          const __m512 odd = _mm512_castsi512_ps(
+              _mm512_ternarylogic_epi32(_mm512_srli_epi32(words[r], 4 * t), nibble, base, 0xEA));
+          RADIXSERVE_UNROLL
+          for (int m = 0; m < M; ++m) {
+            const float* xt = a.paired.data() + m * k + at;
+            tacc[r][m] = _mm512_fmadd_ps(odd, _mm512_maskz_loadu_ps(lanes, xt + tile.groups),
+                                         _mm512_fmadd_ps(even, _mm512_maskz_loadu_ps(lanes, xt), tacc[r][m]));
+          }
         }
       }
     }
+    scale_tile<M, R>(tacc, c, groups, tile, acc);
   }
   finish<M, R>(acc, n, j, out);
 #else
@@ -189,14 +241,13 @@ void dot_block(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t
   for (int r = 0; r < R; ++r) {
     float acc[M] = {};
     for (int64_t g = 0; g < groups; ++g) {
-      const int64_t b = g / 4, t = g % 4;
-      const uint8_t* block = block_at(w, k, j + r, b);
       float part[M] = {};
-      for (int64_t i = 0; i < kGroup; ++i) {  // code 32t + i of block b: word i's nibble t
-        const uint16_t word = static_cast<uint16_t>(block[2 * i] | (block[2 * i + 1] << 8));
-        const float q = 128.f + static_cast<float>((word >> (4 * t)) & 0x0F);
-        const int64_t at = g * kGroup + (i % 2 == 0 ? i / 2 : 16 + i / 2);  // the paired order
-        for (int m = 0; m < M; ++m) part[m] = std::fma(q, a.paired[m * k + at], part[m]);
+      for (int cc = 0; cc < kGroup; ++cc) {
+        const CodeAt at = code_at(groups, g, cc);
+        const uint8_t* word = block_at(w, k, j + r, at.block) + 2 * at.word;
+        const uint16_t bits = static_cast<uint16_t>(word[0] | (word[1] << 8));
+        const float q = 128.f + static_cast<float>((bits >> (4 * at.nibble)) & 0x0F);
+        for (int m = 0; m < M; ++m) part[m] = std::fma(q, a.paired[m * k + g * kGroup + cc], part[m]);
       }
       for (int m = 0; m < M; ++m) acc[m] = std::fma(part[m], c.scale[r * groups + g], acc[m]);
     }
@@ -206,63 +257,95 @@ void dot_block(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t
 }
 
 #if RADIXSERVE_INT4_BF16
-// The same with bf16 activations and the CPU's bf16 dot products: 0x4300 | q is bf16 128 + q, and
-// one instruction multiplies a group's 32 codes by its 32 activations, summing pairs in float32.
-template <int M, int R, bool Prefetch, typename O>
-void dot_block_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t j, const Activations& a,
-                    O* out) {
-  const int64_t k = a.k, groups = a.groups;
+// One tile of G groups (a compile-time 16 or 4: a full tile's loads are whole, its addresses
+// constant offsets) into the rows' accumulators.
+template <int M, int R, int G>
+inline void tile_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j, int64_t group0, const Activations& a,
+                      __m512 (&acc)[R][M]) {
+  const int64_t k = a.k;
   const __m512i nibble = _mm512_set1_epi16(0x000F), base = _mm512_set1_epi16(0x4300);
-  __m512 acc[R][M];
-  c.start(acc);
-  for (int64_t b = 0; b < k / kBlock; ++b) {
-    if constexpr (Prefetch) radixserve::prefetch_ahead<R>(block_at(w, k, j, b));  // R rows of 64 bytes
+  // a small tile's unused words load as 0 (code 128), against activations loaded as 0
+  constexpr __mmask32 words_in = G == kTileGroups ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << (2 * G)) - 1);
+  const Tile tile{group0, G};
+  __m512 tacc[R][M];
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r)
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m) tacc[r][m] = _mm512_setzero_ps();
+  RADIXSERVE_UNROLL
+  for (int v = 0; v < 4; ++v) {
+    __m512i words[R];
+    RADIXSERVE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      if constexpr (G == kTileGroups)
+        words[r] = _mm512_loadu_si512(block_at(w, k, j + r, group0 / 4 + v));
+      else
+        words[r] = _mm512_maskz_loadu_epi16(words_in, register_at(w, k, j + r, tile, v));
+    }
     RADIXSERVE_UNROLL
     for (int t = 0; t < 4; ++t) {
-      const int64_t g = b * 4 + t;
+      const int64_t at = group0 * kGroup + (4 * v + t) * 2 * G;
       __m512bh xs[M];
       RADIXSERVE_UNROLL
-      for (int m = 0; m < M; ++m) xs[m] = (__m512bh)_mm512_loadu_si512(a.bf16.data() + m * k + g * kGroup);
+      for (int m = 0; m < M; ++m) {
+        if constexpr (G == kTileGroups)
+          xs[m] = (__m512bh)_mm512_loadu_si512(a.bf16.data() + m * k + at);
+        else
+          xs[m] = (__m512bh)_mm512_maskz_loadu_epi16(words_in, a.bf16.data() + m * k + at);
+      }
       RADIXSERVE_UNROLL
       for (int r = 0; r < R; ++r) {
-        const __m512i words = _mm512_loadu_si512(block_at(w, k, j + r, b));
         const __m512bh codes =
-            (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(words, 4 * t), nibble, base, 0xEA);
-        const __m512 sv = _mm512_set1_ps(c.scale[r * groups + g]);
+            (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(words[r], 4 * t), nibble, base, 0xEA);
         RADIXSERVE_UNROLL
-        for (int m = 0; m < M; ++m)
-          acc[r][m] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), codes, xs[m]), sv, acc[r][m]);
+        for (int m = 0; m < M; ++m) tacc[r][m] = _mm512_dpbf16_ps(tacc[r][m], codes, xs[m]);
       }
     }
   }
+  scale_tile<M, R>(tacc, c, a.groups, tile, acc);
+}
+
+// The same with bf16 activations and the CPU's bf16 dot products: 0x4300 | q is bf16 128 + q, and
+// one instruction multiplies two codes of each of the tile's groups by their activations, summing
+// each group's pair into its own float32 lane: 16 of them (4 registers, 4 nibbles) sum the tile.
+template <int M, int R, bool Prefetch, typename O>
+void dot_tiles_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t j, const Activations& a,
+                    O* out) {
+  const int64_t k = a.k, groups = a.groups, full = groups / kTileGroups;
+  __m512 acc[R][M];
+  c.start(acc);
+  for (int64_t ti = 0; ti < full; ++ti) {
+    if constexpr (Prefetch) radixserve::prefetch_ahead<4 * R>(block_at(w, k, j, ti * kTileGroups / 4));
+    tile_bf16<M, R, kTileGroups>(w, c, j, ti * kTileGroups, a, acc);
+  }
+  for (int64_t g = full * kTileGroups; g < groups; g += kSmallGroups) tile_bf16<M, R, kSmallGroups>(w, c, j, g, a, acc);
   finish<M, R>(acc, n, j, out);
 }
 #endif
 
-// Weight-row quads [begin, end): a quad at a time for up to 4 activation rows, else in halves
-// (the accumulators of 4 weight rows times more than 4 activation rows outnumber the registers).
+// Weight-row quads [begin, end), R rows at a time: each (row, activation row) pair holds two
+// accumulators (the tile's and the row's), and more than the registers would spill.
 template <int M, typename O>
 void dot_quads(const uint8_t* w, const radixserve::GroupScales& scales, const radixserve::GroupScales& lows, int64_t n,
                int64_t begin, int64_t end, const Activations& a, bool bf16, O* out) {
-  constexpr int R = M <= 4 ? kQuad : kQuad / 2;
+  constexpr int R = M <= 2 ? 4 : M <= 4 ? 2 : 1;
   RowConstants<M, R> c(a.groups);
-  for (int64_t quad = begin; quad < end; ++quad)
-    for (int64_t j = quad * kQuad; j < (quad + 1) * kQuad; j += R) {
-      c.load(scales, lows, j, a);
+  for (int64_t j = begin * kQuad; j < end * kQuad; j += R) {
+    c.load(scales, lows, j, a);
 #if RADIXSERVE_INT4_BF16
-      if (bf16) {
-        if (a.prefetch)  // a template argument: the loop without it is the very same code
-          dot_block_bf16<M, R, true>(w, c, n, j, a, out);
-        else
-          dot_block_bf16<M, R, false>(w, c, n, j, a, out);
-        continue;
-      }
-#endif
-      if (a.prefetch)
-        dot_block<M, R, true>(w, c, n, j, a, out);
+    if (bf16) {
+      if (a.prefetch)  // a template argument: the loop without it is the very same code
+        dot_tiles_bf16<M, R, true>(w, c, n, j, a, out);
       else
-        dot_block<M, R, false>(w, c, n, j, a, out);
+        dot_tiles_bf16<M, R, false>(w, c, n, j, a, out);
+      continue;
     }
+#endif
+    if (a.prefetch)
+      dot_tiles<M, R, true>(w, c, n, j, a, out);
+    else
+      dot_tiles<M, R, false>(w, c, n, j, a, out);
+  }
 }
 
 void check(const at::Tensor& x, const at::Tensor& w) {
@@ -322,12 +405,21 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
       // took 60 us a call for one 18944-wide row and 460 for eight, a few percent of a step
       for (int64_t m = 0; m < rows; ++m) {
         const uint16_t* row = reinterpret_cast<const uint16_t*>(xs + m * x.stride(0));
-        std::memcpy(a.bf16.data() + m * k, row, k * sizeof(uint16_t));
         for (int64_t g = 0; g < a.groups; ++g) {
           const __m512i halves = _mm512_loadu_si512(row + g * kGroup);  // bf16 is float32's top half
           const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(halves, 16));
           const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(halves, _mm512_set1_epi32(int(0xFFFF0000u))));
           a.sums[m * a.groups + g] = _mm512_reduce_add_ps(_mm512_add_ps(even, odd));
+        }
+        // the tiles' order moves pairs of activations (32 bits) whole: pair i of a tile's group l
+        // goes to slot i * G + l
+        const uint32_t* pairs = reinterpret_cast<const uint32_t*>(row);
+        uint32_t* into = reinterpret_cast<uint32_t*>(a.bf16.data() + m * k);
+        for (int64_t ti = 0, tiles = tile_count(a.groups); ti < tiles; ++ti) {
+          const Tile tile = tile_of(a.groups, ti);
+          const int64_t at = tile.group0 * kGroup / 2;
+          for (int64_t i = 0; i < kGroup / 2; ++i)
+            for (int64_t l = 0; l < tile.groups; ++l) into[at + i * tile.groups + l] = pairs[at + l * kGroup / 2 + i];
         }
       }
       run(out.data_ptr<scalar_t>());
@@ -338,12 +430,12 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
       for (int64_t i = 0; i < k; ++i) {
         const scalar_t v = xs[m * x.stride(0) + i * x.stride(1)];
         a.sums[m * a.groups + i / kGroup] += static_cast<float>(v);
-        if (bf16) {
-          a.bf16[m * k + i] = bf16_bits(v);
-        } else {  // within its group: even positions first, then odd ones
-          const int64_t at = i % kGroup;
-          a.paired[m * k + i - at + (at % 2 == 0 ? at / 2 : 16 + at / 2)] = static_cast<float>(v);
-        }
+        const int64_t g = i / kGroup;
+        const int c = static_cast<int>(i % kGroup);
+        if (bf16)
+          a.bf16[m * k + bf16_at(a.groups, g, c)] = bf16_bits(v);
+        else
+          a.paired[m * k + paired_at(a.groups, g, c)] = static_cast<float>(v);
       }
     run(out.data_ptr<scalar_t>());
   });

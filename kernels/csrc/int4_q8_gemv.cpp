@@ -15,12 +15,13 @@
 // does for every quantized product on the CPU; outputs differ from the exact loop's by that.
 //
 // Weights: int4_blocks.h's layout, w = scale_g * q + low_g with scale_g = code_g * step_s
-// (group_scales.h's factored form, 8 groups a step). The codes of a block unpack with a mask
-// (bytes 2j: code j, 2j + 1: code 64 + j) and a shift (32 + j, 96 + j); a byte shuffle within each
-// 16-byte lane then puts eight codes of one group next to eight of another, so every pair the
-// u8 x s8 instruction sums, and every 16-bit lane's scale, belongs to one group. The activations
-// are laid out once per call in the same order. The lows' part, sum_g low_g * sum(x in g), is
-// formed in float32 from the unrounded activations, as in int4_gemv.cpp.
+// (group_scales.h's factored form, 8 groups a step). A tile's register unpacks with a mask (each
+// word's nibbles 0 and 2 as its two bytes) and a shift and mask (nibbles 1 and 3): the two bytes
+// of a word are codes of one group, so every pair the u8 x s8 instruction sums belongs to one
+// group, and each 32-bit lane of the 16-bit multiply-add (two words: the group's two 16-bit lanes,
+// both with its scale code) sums one group: a tile's 16 groups in 16 lanes, turned into floats
+// once a tile. The activations are laid out once per call in the same order. The lows' part,
+// sum_g low_g * sum(x in g), is formed in float32 from the unrounded activations, as in int4_gemv.cpp.
 //
 // Rows are independent: a row's result never depends on which other rows share the call.
 
@@ -59,18 +60,20 @@ constexpr int64_t kSpan = kSuper / kGroup;   // groups a step covers
 // The activations of one call, quantized once and read by every weight row.
 struct Q8Activations {
   int64_t k = 0, groups = 0, supers = 0;
-  std::vector<int8_t> q;       // [M, k] in the kernel's order: per block, the masked codes' 64, then the shifted ones'
+  std::vector<int8_t> q;       // [M, k] in the tiles' order (q8_at), then 64 bytes the loops may overread
   std::vector<float> scale;    // [M, supers] what an int8 step is worth
   std::vector<float> sums;     // [M, groups] each group's sum of the unrounded activations
   bool prefetch = false;
 };
 
-// Where the 8 activations k' = 8 * run .. 8 * run + 7 of a block go in its 128 bytes: the masked
-// codes (k' in [0, 32) and [64, 96)) fill bytes 0..63, the shifted ones (32..63, 96..127) 64..127;
-// within 64 bytes, 16-byte lane L holds 8L.. of the lower group, then 8L.. of the upper one.
-inline int64_t run_at(int64_t run) {
-  const int64_t quarter = run / 4, lane = run % 4;
-  return (quarter % 2) * 64 + lane * 16 + (quarter / 2) * 8;
+// Where activation c of group g goes in a row of Q8Activations::q: per tile of G groups and
+// register v, the masked bytes' 4G (word p's nibbles 0 and 2: codes 8v + p % 2 and 8v + 4 + p % 2
+// of group p / 2), then the shifted ones' 4G (nibbles 1 and 3: 8v + 2 + p % 2, 8v + 6 + p % 2).
+inline int64_t q8_at(int64_t groups, int64_t g, int c) {
+  const Tile tile = tile_holding(groups, g);
+  const int i = c / 2, v = i / 4, t = i % 4;
+  const int64_t p = 2 * (g - tile.group0) + c % 2;
+  return tile.group0 * kGroup + v * 8 * tile.groups + (t % 2) * 4 * tile.groups + 2 * p + t / 2;
 }
 
 // The 256 activations of row m's super-block s as float32 into v.
@@ -117,38 +120,44 @@ void quantize_rows(const at::Tensor& x, Q8Activations& a) {
 #else
       for (int64_t i = 0; i < kSuper; ++i) q[i] = static_cast<int8_t>(std::nearbyint(v[i] * inv));
 #endif
-      for (int64_t half = 0; half < 2; ++half)
-        for (int64_t run = 0; run < kBlock / 8; ++run)
-          std::memcpy(a.q.data() + m * k + s * kSuper + half * kBlock + run_at(run), q + half * kBlock + run * 8, 8);
+      for (int64_t i = 0; i < kSuper; ++i) {
+        const int64_t g = s * kSpan + i / kGroup;
+        a.q[m * k + q8_at(a.groups, g, static_cast<int>(i % kGroup))] = q[i];
+      }
     }
 }
 
-// R weight rows' constants: their group scales' codes as int16 (the 16-bit multiply-add's
-// operand), their steps, and the lows' part of each activation row's result.
+// R weight rows' constants: their group scales' codes as int16, each twice (a group's two 16-bit
+// lanes), what a group's integer sum is worth per activation row (its step times the activations'
+// scale), and the lows' part of each activation row's result.
 template <int M, int R>
 struct RowsQ8 {
-  std::vector<int16_t> codes;  // [R, groups]
+  std::vector<int16_t> codes;  // [R, 2 * groups + 32]
   std::vector<float> low;      // [R, groups]
-  std::vector<float> factor;   // [R, supers, M]: a super-block's integer sum is worth step * activation scale
+  std::vector<float> factor;   // [R, M, groups + 16]
   float rest[R][M];
+  int64_t groups;
 
-  RowsQ8(int64_t groups, int64_t supers) : codes(R * groups), low(R * groups), factor(R * supers * M) {}
+  RowsQ8(int64_t groups, int64_t supers)
+      : codes(R * (2 * groups + 32)), low(R * groups), factor(R * M * (groups + 16)), groups(groups) {
+    (void)supers;
+  }
+  const int16_t* codes_of(int r) const { return codes.data() + r * (2 * groups + 32); }
+  const float* factor_of(int r, int m) const { return factor.data() + (r * M + m) * (groups + 16); }
 
   void load(const radixserve::GroupScales& scales, const radixserve::GroupScales& lows, int64_t j,
             const Q8Activations& a) {
-    const int64_t groups = a.groups, total = R * groups;
     const int8_t* c = static_cast<const int8_t*>(scales.values) + j * groups;
-    int64_t i = 0;
-#if RADIXSERVE_INT4_Q8
-    for (; i + 32 <= total; i += 32)
-      _mm512_storeu_si512(codes.data() + i, _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + i))));
-#endif
-    for (; i < total; ++i) codes[i] = c[i];
     const float* steps = scales.steps + j * a.supers;  // rows are contiguous
-    for (int r = 0; r < R; ++r)
-      for (int64_t sb = 0; sb < a.supers; ++sb)
-        for (int m = 0; m < M; ++m)
-          factor[(r * a.supers + sb) * M + m] = steps[r * a.supers + sb] * a.scale[m * a.supers + sb];
+    for (int r = 0; r < R; ++r) {
+      int16_t* twice = codes.data() + r * (2 * groups + 32);
+      for (int64_t g = 0; g < groups; ++g) twice[2 * g] = twice[2 * g + 1] = c[r * groups + g];
+      for (int m = 0; m < M; ++m) {
+        float* f = factor.data() + (r * M + m) * (groups + 16);
+        for (int64_t g = 0; g < groups; ++g)
+          f[g] = steps[r * a.supers + g / kSpan] * a.scale[m * a.supers + g / kSpan];
+      }
+    }
     lows.expand(j, R, low.data());
     // vectors across groups: a scalar chain of multiply-adds per (row, activation row) cost as
     // much as the product itself
@@ -177,52 +186,47 @@ struct RowsQ8 {
 template <int M, int R, bool Prefetch, typename O>
 void dot_rows(const uint8_t* w, const RowsQ8<M, R>& c, int64_t n, int64_t j, const Q8Activations& a, O* out) {
   const int64_t k = a.k, groups = a.groups;
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  // even bytes (one group's codes) then odd ones (another's), in each 16-byte lane
-  const __m512i pick = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
-  // from a block's four int16 scale codes: 16-bit lanes 0-3 the masked bytes' lower group (0),
-  // 4-7 their upper one (2); the shifted bytes' groups are 1 and 3
-  const __m512i masked_scales = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 4, 5, 4, 5, 4, 5, 4, 5));
-  const __m512i shifted_scales = _mm512_broadcast_i32x4(_mm_setr_epi8(2, 3, 2, 3, 2, 3, 2, 3, 6, 7, 6, 7, 6, 7, 6, 7));
+  const __m512i low4 = _mm512_set1_epi16(0x0F0F);
   __m512 acc[R][M];
   RADIXSERVE_UNROLL
   for (int r = 0; r < R; ++r)
     RADIXSERVE_UNROLL
     for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
-  for (int64_t s = 0; s < a.supers; ++s) {
-    __m512i sum[R][M];
+  for (int64_t ti = 0, tiles = tile_count(groups); ti < tiles; ++ti) {
+    const Tile tile = tile_of(groups, ti);
+    if constexpr (Prefetch) radixserve::prefetch_ahead<4 * R>(block_at(w, k, j, tile.group0 / 4));
+    // words past a small tile's load as 0: codes 0, whatever activations they meet
+    const __mmask32 words_in = tile.groups == kTileGroups ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << (2 * tile.groups)) - 1);
+    __m512i sum[R][M], scale[R];
     RADIXSERVE_UNROLL
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r) {
+      scale[r] = _mm512_loadu_si512(c.codes_of(r) + 2 * tile.group0);
       RADIXSERVE_UNROLL
       for (int m = 0; m < M; ++m) sum[r][m] = _mm512_setzero_si512();
+    }
     RADIXSERVE_UNROLL
-    for (int half = 0; half < 2; ++half) {
-      const int64_t b = s * 2 + half;
-      if constexpr (Prefetch) radixserve::prefetch_ahead<R>(block_at(w, k, j, b));
-      const int8_t* x = a.q.data() + b * kBlock;  // read in the loop: as memory operands they take no registers
+    for (int v = 0; v < 4; ++v) {
+      const int8_t* x = a.q.data() + tile.group0 * kGroup + v * 8 * tile.groups;
       RADIXSERVE_UNROLL
       for (int r = 0; r < R; ++r) {
-        const __m512i words = _mm512_loadu_si512(block_at(w, k, j + r, b));
-        const __m512i masked = _mm512_shuffle_epi8(_mm512_and_si512(words, low4), pick);
-        const __m512i shifted = _mm512_shuffle_epi8(_mm512_and_si512(_mm512_srli_epi16(words, 4), low4), pick);
-        int64_t four;  // the block's four groups' codes, int16
-        std::memcpy(&four, c.codes.data() + r * groups + b * 4, sizeof four);
-        const __m512i codes = _mm512_set1_epi64(four);
-        const __m512i sm = _mm512_shuffle_epi8(codes, masked_scales), ss = _mm512_shuffle_epi8(codes, shifted_scales);
+        const __m512i words = _mm512_maskz_loadu_epi16(words_in, register_at(w, k, j + r, tile, v));
+        const __m512i masked = _mm512_and_si512(words, low4);
+        const __m512i shifted = _mm512_and_si512(_mm512_srli_epi16(words, 4), low4);
         RADIXSERVE_UNROLL
         for (int m = 0; m < M; ++m) {
           const __m512i pm = _mm512_maddubs_epi16(masked, _mm512_loadu_si512(x + m * k));
-          const __m512i ps = _mm512_maddubs_epi16(shifted, _mm512_loadu_si512(x + m * k + 64));
-          sum[r][m] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(sum[r][m], pm, sm), ps, ss);
+          const __m512i ps = _mm512_maddubs_epi16(shifted, _mm512_loadu_si512(x + m * k + 4 * tile.groups));
+          sum[r][m] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(sum[r][m], pm, scale[r]), ps, scale[r]);
         }
       }
     }
+    const __mmask16 lanes = __mmask16((1u << tile.groups) - 1);
     RADIXSERVE_UNROLL
     for (int r = 0; r < R; ++r)
       RADIXSERVE_UNROLL
       for (int m = 0; m < M; ++m)
         acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r][m]),
-                                    _mm512_set1_ps(c.factor[(r * a.supers + s) * M + m]), acc[r][m]);
+                                    _mm512_maskz_loadu_ps(lanes, c.factor_of(r, m) + tile.group0), acc[r][m]);
   }
   RADIXSERVE_UNROLL
   for (int r = 0; r < R; ++r)
@@ -269,7 +273,7 @@ at::Tensor int4_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tens
   a.k = k;
   a.groups = k / kGroup;
   a.supers = k / kSuper;
-  a.q.resize(rows * k);
+  a.q.assign(rows * k + 64, 0);
   a.scale.resize(rows * a.supers);
   a.sums.resize(rows * a.groups);
   a.prefetch = radixserve::activations_spill(rows * k);

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cpu_ops import ops
-from runtime.cpu.int4_linear import ONE_ROW_BLOCK, pack_blocks
+from runtime.cpu.int4_linear import ONE_ROW_BLOCK, pack_blocks, tile_order
 from runtime.loading.gguf_groups import GROUP as INT4_GROUP
 from runtime.loading.gguf_groups import Int4Groups, PackedInt4Groups
 from runtime.loading.gguf_int8_groups import Int8Groups
@@ -158,8 +158,8 @@ class Q6Blocks:
 
 
 class Int4Blocks:
-    """w[n, k] = scales[n, g] * q[n, k] + lows[n, g], g = k // 32, in int4_gemv.cpp's layout: blocks
-    of 128 codes as 32 16-bit words (word j: codes j, 32 + j, 64 + j, 96 + j), rows in quads."""
+    """w[n, k] = scales[n, g] * q[n, k] + lows[n, g], g = k // 32, in int4_blocks.h's layout: blocks
+    of 128 codes as 32 16-bit words in tiles of 16 groups (int4_linear.tile_order), rows in quads."""
 
     wide_itself = False
     kept_tensors, kept_attrs = ("packed", "scales", "scale_steps", "lows", "low_steps"), ("shape",)
@@ -204,8 +204,10 @@ class Int4Blocks:
 
     def _codes(self, words: torch.Tensor) -> torch.Tensor:
         """[rows, K / 128, 32] int16 words -> [rows, K] codes (0..15), in k order."""
-        nibbles = torch.stack([(words >> (4 * t)) & 15 for t in range(4)], dim=2)  # [rows, K/128, 4, 32]
-        return nibbles.reshape(words.shape[0], self.shape[1])
+        nibbles = torch.stack([(words >> (4 * t)) & 15 for t in range(4)], dim=3)  # [rows, K/128, 32, 4]
+        codes = torch.empty(words.shape[0], self.shape[1], dtype=nibbles.dtype)
+        codes[:, tile_order(self.shape[1])] = nibbles.reshape(words.shape[0], -1)
+        return codes
 
     def _weights(self, q: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         rows, k = q.shape

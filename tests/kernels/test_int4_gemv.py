@@ -29,24 +29,32 @@ def weights(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 def test_the_layout_holds_the_codes_it_documents() -> None:
-    q, *_ = weights(8, 256)
+    # 20 groups: a full tile of 16, then a small tile of 4 (kernels/csrc/int4_blocks.h)
+    k = 640
+    q, *_ = weights(8, k)
     packed = pack_blocks(q)
-    assert packed.dtype == torch.uint8 and packed.shape == (8, 128)
+    assert packed.dtype == torch.uint8 and packed.shape == (8, k // 2)
     flat = packed.reshape(-1)
     for row in range(8):
-        for col in range(256):
-            block, within = divmod(col, 128)
-            nibble, word = divmod(within, 32)
-            # quads of rows, block b of each of its 4 rows in turn, 64 bytes a block
-            at = (row // 4) * 4 * 128 + (block * 4 + row % 4) * 64 + 2 * word
-            value = int(flat[at]) | int(flat[at + 1]) << 8
-            assert (value >> (4 * nibble)) & 0xF == q[row, col]
+        for group0, size in ((0, 16), (16, 4)):
+            for v in range(4):
+                for p in range(2 * size):
+                    word = group0 * 8 + v * 2 * size + p  # within the row's words
+                    block, within = divmod(word, 32)
+                    # quads of rows, block b of each of its 4 rows in turn, 64 bytes a block
+                    at = (row // 4) * 4 * (k // 2) + (block * 4 + row % 4) * 64 + 2 * within
+                    value = int(flat[at]) | int(flat[at + 1]) << 8
+                    for t in range(4):
+                        code = (group0 + p // 2) * 32 + 2 * (4 * v + t) + p % 2
+                        assert (value >> (4 * t)) & 0xF == q[row, code]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
-def test_the_exact_product_of_the_codes(dtype: torch.dtype, rows: int) -> None:
-    n, k = 72, 384  # 18 quads of rows, 3 blocks, 12 groups: a masked tail in the row constants
+# 12 groups: three small tiles and a masked tail in the row constants; 36: two full tiles and a small one
+@pytest.mark.parametrize("k", [384, 1152])
+def test_the_exact_product_of_the_codes(dtype: torch.dtype, rows: int, k: int) -> None:
+    n = 72  # 18 quads of rows
     q, scales, lows, exact = weights(n, k, seed=rows)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(7)).to(dtype)
     out = ops().int4_gemv(x, pack_blocks(q), scales, lows)
