@@ -5,16 +5,14 @@
 //
 // Weights: signed codes c in [-32, 31] with per-group scales (16 or 32 codes a group, in one of
 // group_scales.h's forms), w = scale * c. Stored as u = c + 32 (0..63), in blocks of 128 codes:
-// 32 16-bit words of low nibbles, then 32 bytes of high crumbs (96 bytes). Rows come in quads,
-// their blocks interleaved (block_at). The blocks hold tiles, as int4_blocks.h's do: a row's
-// groups 16 at a time (the last groups % 16 of them 128 / group at a time, one block); a tile of
-// G groups of S codes is S / 8 "registers" of 2G words and 2G crumb bytes, word (and crumb byte) p
-// of register v holding, in nibble (crumb) t, code 2i + p % 2 of the tile's group p / 2 (i = 4v + t).
+// 32 16-bit words of low nibbles (word j: the j-th code of each run of 32, in nibbles 0..3), then
+// 32 bytes of high crumbs (byte j: the same codes' top two bits in bits 0-1, 2-3, 4-5, 6-7): 96
+// bytes a block; a run's codes in the order code_at gives. Rows come in quads, their blocks
+// interleaved (block_at).
 //
 // The bf16 trick of int4_gemv.cpp: 0x4300 | u is the bf16 number 128 + u (u < 128), so a code is a
-// number with two shifts and two bitwise selects, and one dot-product instruction multiplies two
-// codes of each of 16 groups by their activations, summing each group's pair in its own float32
-// lane: a tile's groups build up a lane each and meet their scales once per tile. Per row,
+// number with two shifts and two bitwise selects, and one dot-product instruction multiplies 32
+// codes by 32 activations, summing pairs in float32. Per row,
 //   w . x = sum_g scale_g sum((128 + u) x) - 160 sum_g scale_g sum_g(x),
 // the group sums of the activations formed once per call. Products are exact and sums float32.
 // Only with bf16 activations on CPUs with bf16 dot products (AVX512_BF16: Zen 4, Sapphire
@@ -64,79 +62,37 @@ inline const uint8_t* block_at(const uint8_t* w, int64_t k, int64_t row, int64_t
   return w + ((row / kQuad) * kQuad * (k / kBlock) + b * kQuad + row % kQuad) * kBlockBytes;
 }
 
-constexpr int64_t kTileGroups = 16;
-
-// A tile of a row: its first group and how many it has (16, or 128 / group in the small tiles at
-// the end); its blocks start at group0 * group / 128.
-struct Tile {
-  int64_t group0, groups;
-};
-
-inline int64_t tile_count(int64_t groups, int64_t group) {
-  return groups / kTileGroups + (groups % kTileGroups) / (kBlock / group);
-}
-
-inline Tile tile_of(int64_t groups, int64_t group, int64_t index) {
-  const int64_t full = groups / kTileGroups, small = kBlock / group;
-  if (index < full) return {index * kTileGroups, kTileGroups};
-  return {full * kTileGroups + (index - full) * small, small};
-}
-
-inline Tile tile_holding(int64_t groups, int64_t group, int64_t g) {
-  if (g < groups / kTileGroups * kTileGroups) return {g - g % kTileGroups, kTileGroups};
-  const int64_t small = kBlock / group;
-  return {g - g % small, small};
-}
-
-// Register v of a row's tile: its words (2G of them) and crumb bytes (2G) start at
-// (block, word within the block); the crumbs at byte 64 + that word of the block.
-struct RegisterAt {
-  int64_t block;
-  int64_t word;
-};
-
-inline RegisterAt register_of(const Tile& tile, int64_t group, int v) {
-  const int64_t word = v * 2 * tile.groups;  // within the tile
-  return {tile.group0 * group / kBlock + word / 32, word % 32};
-}
-
-// Where activation (code) c of group g goes in a row of the call's activations: per tile and
-// dot product i, each group's codes 2i, 2i + 1.
-inline int64_t activation_at(int64_t groups, int64_t group, int64_t g, int c) {
-  const Tile tile = tile_holding(groups, group, g);
-  return tile.group0 * group + (c / 2) * 2 * tile.groups + 2 * (g - tile.group0) + c % 2;
-}
+// Within each run of 32 codes, vector position p holds code code_at(p): dot-product lane l = p / 2
+// takes codes from the first 16 (even l) or the last 16 (odd l), so a 16-code group's scale
+// vector is two floats broadcast in pairs (one instruction). The activations are reordered alike.
+constexpr int code_at(int p) { return ((p / 2) % 2) * 16 + 2 * (p / 4) + p % 2; }
 
 // codes int8 [N, K] in [-32, 31] -> the layout above, [N, K * 3 / 4] uint8.
-at::Tensor repack_q6(const at::Tensor& codes, int64_t group) {
+at::Tensor repack_q6(const at::Tensor& codes) {
   TORCH_CHECK(codes.dim() == 2 && codes.is_contiguous() && codes.scalar_type() == at::kChar &&
                   codes.size(1) % kBlock == 0 && codes.size(0) % kQuad == 0,
               "repack_q6: codes are contiguous int8 [N, K], N a multiple of 4, K of 128");
-  TORCH_CHECK(group == 16 || group == 32, "repack_q6: group is 16 or 32");
-  const int64_t n = codes.size(0), k = codes.size(1), blocks = k / kBlock, groups = k / group;
+  const int64_t n = codes.size(0), k = codes.size(1), blocks = k / kBlock;
   at::Tensor out = at::empty({n, blocks * kBlockBytes}, codes.options().dtype(at::kByte));
   const int8_t* in = codes.data_ptr<int8_t>();
   uint8_t* o = out.data_ptr<uint8_t>();
   std::atomic<bool> in_range{true};
   at::parallel_for(0, n, std::max<int64_t>(1, (int64_t{1} << 16) / k), [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row)
-      for (int64_t ti = 0, tiles = tile_count(groups, group); ti < tiles; ++ti) {
-        const Tile tile = tile_of(groups, group, ti);
-        for (int v = 0; v < group / 8; ++v) {
-          const RegisterAt at = register_of(tile, group, v);
-          uint8_t* block = const_cast<uint8_t*>(block_at(o, k, row, at.block));
-          for (int64_t p = 0; p < 2 * tile.groups; ++p) {
-            uint16_t word = 0;
-            uint8_t crumbs = 0;
-            for (int t = 0; t < 4; ++t) {  // code 2(4v + t) + p % 2 of group group0 + p / 2
-              const int u = in[row * k + (tile.group0 + p / 2) * group + 2 * (4 * v + t) + p % 2] + 32;
-              if (u < 0 || u > 63) in_range = false;
-              word |= static_cast<uint16_t>((u & 15) << (4 * t));
-              crumbs |= static_cast<uint8_t>(((u >> 4) & 3) << (2 * t));
-            }
-            std::memcpy(block + 2 * (at.word + p), &word, 2);
-            block[64 + at.word + p] = crumbs;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int8_t* c = in + row * k + b * kBlock;
+        uint8_t* block = const_cast<uint8_t*>(block_at(o, k, row, b));
+        for (int j = 0; j < 32; ++j) {
+          uint16_t word = 0;
+          uint8_t crumbs = 0;
+          for (int t = 0; t < 4; ++t) {
+            const int v = c[t * 32 + code_at(j)] + 32;
+            if (v < 0 || v > 63) in_range = false;
+            word |= static_cast<uint16_t>((v & 15) << (4 * t));
+            crumbs |= static_cast<uint8_t>(((v >> 4) & 3) << (2 * t));
           }
+          std::memcpy(block + 2 * j, &word, 2);
+          block[64 + j] = crumbs;
         }
       }
   });
@@ -145,84 +101,42 @@ at::Tensor repack_q6(const at::Tensor& codes, int64_t group) {
 }
 
 #if RADIXSERVE_Q6_BF16
-// One tile of G groups of S codes (compile-time: a full tile's loads are whole, its addresses
-// constant offsets) of R weight rows from j against M bf16 activation rows, into acc.
-template <int M, int R, int S, int G>
-inline void tile_rows(const uint8_t* w, const float* scale, int64_t k, int64_t j, int64_t group0, const uint16_t* x,
-                      __m512 (&acc)[R][M]) {
-  const int64_t groups = k / S;
-  const __m512i nibble = _mm512_set1_epi16(0x000F), crumb = _mm512_set1_epi16(0x0030),
-                base = _mm512_set1_epi16(0x4300);
-  // a small tile's unused words load as 0 (code 128), against activations loaded as 0
-  constexpr __mmask32 words_in = G == kTileGroups ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << (2 * G)) - 1);
-  const Tile tile{group0, G};
-  __m512 tacc[R][M];
-  RADIXSERVE_Q6_UNROLL
-  for (int r = 0; r < R; ++r)
-    RADIXSERVE_Q6_UNROLL
-    for (int m = 0; m < M; ++m) tacc[r][m] = _mm512_setzero_ps();
-  RADIXSERVE_Q6_UNROLL
-  for (int v = 0; v < S / 8; ++v) {
-    const RegisterAt at = register_of(tile, S, v);
-    __m512i words[R], crumbs[R];
-    RADIXSERVE_Q6_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* block = block_at(w, k, j + r, at.block);
-      if constexpr (G == kTileGroups) {
-        words[r] = _mm512_loadu_si512(block);
-        crumbs[r] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64)));
-      } else {
-        words[r] = _mm512_maskz_loadu_epi16(words_in, block + 2 * at.word);
-        crumbs[r] = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(words_in, block + 64 + at.word));
-      }
-    }
-    RADIXSERVE_Q6_UNROLL
-    for (int t = 0; t < 4; ++t) {
-      const int64_t xat = group0 * S + (4 * v + t) * 2 * G;
-      __m512bh xs[M];
-      RADIXSERVE_Q6_UNROLL
-      for (int m = 0; m < M; ++m) {
-        if constexpr (G == kTileGroups)
-          xs[m] = (__m512bh)_mm512_loadu_si512(x + m * k + xat);
-        else
-          xs[m] = (__m512bh)_mm512_maskz_loadu_epi16(words_in, x + m * k + xat);
-      }
-      RADIXSERVE_Q6_UNROLL
-      for (int r = 0; r < R; ++r) {
-        const __m512i low = _mm512_ternarylogic_epi32(_mm512_srli_epi16(words[r], 4 * t), nibble, base, 0xEA);
-        const __m512i high = t < 2 ? _mm512_slli_epi16(crumbs[r], 4 - 2 * t) : _mm512_srli_epi16(crumbs[r], 2 * t - 4);
-        const __m512bh codes = (__m512bh)_mm512_ternarylogic_epi32(high, crumb, low, 0xEA);  // (high & 0x30) | low
-        RADIXSERVE_Q6_UNROLL
-        for (int m = 0; m < M; ++m) tacc[r][m] = _mm512_dpbf16_ps(tacc[r][m], codes, xs[m]);
-      }
-    }
-  }
-  RADIXSERVE_Q6_UNROLL
-  for (int r = 0; r < R; ++r) {
-    const __m512 sv = _mm512_maskz_loadu_ps(__mmask16((1u << G) - 1), scale + r * groups + group0);
-    RADIXSERVE_Q6_UNROLL
-    for (int m = 0; m < M; ++m) acc[r][m] = _mm512_fmadd_ps(tacc[r][m], sv, acc[r][m]);
-  }
-}
-
 // R weight rows from j against M bf16 activation rows; out[m * n + j + r] in O.
-template <int M, int R, int S, bool Prefetch, typename O>
+template <int M, int R, int group, bool Prefetch, typename O>
 void dot_rows(const uint8_t* w, const float* scale, const float (&rest)[R][M], int64_t n, int64_t k, int64_t j,
               const uint16_t* x, O* out) {
-  const int64_t groups = k / S, full = groups / kTileGroups;
+  const int64_t groups = k / group;
+  const __m512i nibble = _mm512_set1_epi16(0x000F), crumb = _mm512_set1_epi16(0x0030),
+                base = _mm512_set1_epi16(0x4300);
   __m512 acc[R][M];
   RADIXSERVE_Q6_UNROLL
   for (int r = 0; r < R; ++r)
     RADIXSERVE_Q6_UNROLL
     for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
-  for (int64_t ti = 0; ti < full; ++ti) {
-    // the tile's S / 8 blocks of R rows
-    if constexpr (Prefetch)
-      radixserve::prefetch_ahead<R * (S / 8) * kBlockBytes / 64>(block_at(w, k, j, ti * kTileGroups * S / kBlock));
-    tile_rows<M, R, S, kTileGroups>(w, scale, k, j, ti * kTileGroups, x, acc);
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    if constexpr (Prefetch) radixserve::prefetch_ahead<R * kBlockBytes / 64>(block_at(w, k, j, b));  // weight_prefetch.h
+    RADIXSERVE_Q6_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* block = block_at(w, k, j + r, b);
+      const __m512i words = _mm512_loadu_si512(block);  // read once, unpacked four times
+      const __m512i crumbs = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64)));
+      RADIXSERVE_Q6_UNROLL
+      for (int t = 0; t < 4; ++t) {
+        const int64_t at = b * kBlock + t * 32;  // the run's first code in the row
+        const __m512i low = _mm512_ternarylogic_epi32(_mm512_srli_epi16(words, 4 * t), nibble, base, 0xEA);
+        const __m512i high = t < 2 ? _mm512_slli_epi16(crumbs, 4 - 2 * t) : _mm512_srli_epi16(crumbs, 2 * t - 4);
+        const __m512bh codes = (__m512bh)_mm512_ternarylogic_epi32(high, crumb, low, 0xEA);  // (high & 0x30) | low
+        const float* sc = scale + r * groups + at / group;
+        const __m512 sv = group == 16 ? _mm512_broadcast_f32x2(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(sc))))
+                                      : _mm512_set1_ps(sc[0]);
+        RADIXSERVE_Q6_UNROLL
+        for (int m = 0; m < M; ++m) {
+          const __m512bh xs = (__m512bh)_mm512_loadu_si512(x + m * k + at);
+          acc[r][m] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), codes, xs), sv, acc[r][m]);
+        }
+      }
+    }
   }
-  for (int64_t g = full * kTileGroups; g < groups; g += kBlock / S)
-    tile_rows<M, R, S, kBlock / S>(w, scale, k, j, g, x, acc);
   RADIXSERVE_Q6_UNROLL
   for (int r = 0; r < R; ++r)
     RADIXSERVE_Q6_UNROLL
@@ -252,10 +166,14 @@ at::Tensor q6_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s
   const c10::BFloat16* xs = x.data_ptr<c10::BFloat16>();
   if (x.stride(1) == 1) {  // the decode step's case, with vectors: the scalar loops below took tens of
     // microseconds a call on wide rows
+    alignas(64) int16_t order[32];
+    for (int p = 0; p < 32; ++p) order[p] = static_cast<int16_t>(code_at(p));
+    const __m512i reorder = _mm512_load_si512(order);
     for (int64_t m = 0; m < rows; ++m) {
       const c10::BFloat16* row = xs + m * x.stride(0);
       for (int64_t run = 0; run < k; run += 32) {
         const __m512i halves = _mm512_loadu_si512(row + run);
+        _mm512_storeu_si512(xb.data() + m * k + run, _mm512_permutexvar_epi16(reorder, halves));
         const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(halves, 16));  // bf16 is float32's top half
         const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(halves, _mm512_set1_epi32(int(0xFFFF0000u))));
         if (group == 32) {
@@ -266,23 +184,17 @@ at::Tensor q6_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s
           sums[m * groups + run / 16 + 1] = _mm512_mask_reduce_add_ps(0xFF00, pairs);
         }
       }
-      // the tiles' order moves pairs of activations (32 bits) whole: pair i of a tile's group l
-      // goes to slot i * G + l
-      const uint32_t* pairs = reinterpret_cast<const uint32_t*>(row);
-      uint32_t* into = reinterpret_cast<uint32_t*>(xb.data() + m * k);
-      for (int64_t ti = 0, tiles = tile_count(groups, group); ti < tiles; ++ti) {
-        const Tile tile = tile_of(groups, group, ti);
-        const int64_t at = tile.group0 * group / 2;
-        for (int64_t i = 0; i < group / 2; ++i)
-          for (int64_t l = 0; l < tile.groups; ++l) into[at + i * tile.groups + l] = pairs[at + l * group / 2 + i];
-      }
     }
   } else {
     for (int64_t m = 0; m < rows; ++m)
       for (int64_t i = 0; i < k; ++i) {
         const c10::BFloat16 v = xs[m * x.stride(0) + i * x.stride(1)];
         sums[m * groups + i / group] += static_cast<float>(v);
-        xb[m * k + activation_at(groups, group, i / group, static_cast<int>(i % group))] = v.x;
+      }
+    for (int64_t m = 0; m < rows; ++m)
+      for (int64_t i = 0; i < k; ++i) {  // position i of its run holds code code_at(i % 32)
+        const int64_t code = i - i % 32 + code_at(static_cast<int>(i % 32));
+        xb[m * k + i] = xs[m * x.stride(0) + code * x.stride(1)].x;
       }
   }
   const uint8_t* wp = w.data_ptr<uint8_t>();
@@ -293,9 +205,7 @@ at::Tensor q6_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s
     const int64_t begin = quad_begin * kQuad, end = quad_end * kQuad;
     radixserve::with_row_count(rows, [&](auto count) {
       constexpr int M = decltype(count)::value;
-      // the tile's and the row's accumulators of every (weight row, activation row) pair, and each
-      // weight row's unpacked registers, within the 32 vector registers
-      constexpr int R = M == 1 ? 4 : M <= 3 ? 2 : 1;
+      constexpr int R = M <= 4 ? 4 : 2;
       std::vector<float> scale(R * groups);
       const auto run = [&](auto rows_now, int64_t j) {
         constexpr int RN = decltype(rows_now)::value;
@@ -349,28 +259,45 @@ at::Tensor dequant_q6_rows(const at::Tensor& w, const at::Tensor& scales, int64_
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, n / kQuad, std::max<int64_t>(1, (int64_t{1} << 14) / k), [&](int64_t quad_begin, int64_t quad_end) {
       const int64_t begin = quad_begin * kQuad, end = quad_end * kQuad;
-      std::vector<float> scale(groups), v(k);
+      std::vector<float> scale(groups);
+#if RADIXSERVE_Q6_BF16
+      alignas(64) int16_t where[32];  // code i sits at position where[i]
+      for (int p = 0; p < 32; ++p) where[code_at(p)] = static_cast<int16_t>(p);
+      const __m512i positions = _mm512_load_si512(where);
+#endif
       for (int64_t row = begin; row < end; ++row) {
         sg.expand(row, 1, scale.data());
-        for (int64_t ti = 0, tiles = tile_count(groups, group); ti < tiles; ++ti) {
-          const Tile tile = tile_of(groups, group, ti);
-          for (int r = 0; r < group / 8; ++r) {
-            const RegisterAt at = register_of(tile, group, r);
-            const uint8_t* block = block_at(wp, k, row, at.block);
-            for (int64_t p = 0; p < 2 * tile.groups; ++p) {
-              const int64_t word_at = at.word + p;
-              const uint16_t word = static_cast<uint16_t>(block[2 * word_at] | (block[2 * word_at + 1] << 8));
-              const uint8_t crumbs = block[64 + word_at];
-              const int64_t g = tile.group0 + p / 2;
-              float* into = v.data() + g * group + 8 * r + p % 2;  // code 2(4r + t) + p % 2
-              for (int t = 0; t < 4; ++t) {
-                const int u = ((word >> (4 * t)) & 15) | (((crumbs >> (2 * t)) & 3) << 4);
-                into[2 * t] = scale[g] * static_cast<float>(u - 32);
-              }
+        for (int64_t b = 0; b < k / kBlock; ++b) {
+          const uint8_t* block = block_at(wp, k, row, b);
+#if RADIXSERVE_Q6_BF16
+          const __m512i words = _mm512_loadu_si512(block);
+          const __m512i crumbs = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64)));
+          for (int t = 0; t < 4; ++t) {
+            const __m512i u = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16(words, 4 * t), _mm512_set1_epi16(0x000F)),
+                _mm512_and_si512(t < 2 ? _mm512_slli_epi16(crumbs, 4 - 2 * t) : _mm512_srli_epi16(crumbs, 2 * t - 4),
+                                 _mm512_set1_epi16(0x0030)));
+            const int64_t at = b * kBlock + t * 32;
+            const __m512i ordered = _mm512_permutexvar_epi16(positions, u);  // lane i: code i
+            for (int half = 0; half < 2; ++half) {  // codes at .. at + 15, then at + 16 .. at + 31
+              const __m512i wide = _mm512_cvtepu16_epi32(half ? _mm512_extracti64x4_epi64(ordered, 1)
+                                                              : _mm512_castsi512_si256(ordered));
+              const __m512 code = _mm512_cvtepi32_ps(_mm512_sub_epi32(wide, _mm512_set1_epi32(32)));
+              const __m512 v = _mm512_mul_ps(_mm512_set1_ps(scale[(at + 16 * half) / group]), code);
+              radixserve::store16(v, op + row * k + at + 16 * half);
             }
           }
+#else
+          for (int t = 0; t < 4; ++t)
+            for (int j = 0; j < 32; ++j) {
+              const uint16_t word = static_cast<uint16_t>(block[2 * j] | (block[2 * j + 1] << 8));
+              const int u = ((word >> (4 * t)) & 15) | (((block[64 + j] >> (2 * t)) & 3) << 4);
+              const int64_t at = b * kBlock + t * 32 + code_at(j);
+              const float v = scale[at / group] * static_cast<float>(u - 32);
+              radixserve::store(&v, 1, op + row * k + at);
+            }
+#endif
         }
-        radixserve::store(v.data(), k, op + row * k);
       }
     });
   });
@@ -383,7 +310,7 @@ bool q6_gemv_fast() { return RADIXSERVE_Q6_BF16 != 0; }
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
-  m.def("repack_q6(Tensor codes, int group=16) -> Tensor", repack_q6);
+  m.def("repack_q6(Tensor codes) -> Tensor", repack_q6);
   m.def("q6_gemv(Tensor x, Tensor w, Tensor scales, int group, Tensor? scale_steps=None) -> Tensor", q6_gemv);
   m.def("dequant_q6_rows(Tensor w, Tensor scales, int group, ScalarType dtype, Tensor? scale_steps=None) -> Tensor",
         dequant_q6_rows);

@@ -124,7 +124,7 @@ class Q6Blocks:
     row_multiple = 4  # dequantize() takes whole quads
 
     def __init__(self, groups: Int8Groups) -> None:
-        self.packed = ops().repack_q6(groups.codes.contiguous(), groups.group)  # type: ignore[union-attr]
+        self.packed = ops().repack_q6(groups.codes.contiguous())  # type: ignore[union-attr]
         self.scales, self.steps = compact_scales(groups.scales, groups.group)
         self.shape, self.group = groups.shape, groups.group
 
