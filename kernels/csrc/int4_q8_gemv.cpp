@@ -35,7 +35,7 @@
 #include "row_count.h"
 #include "weight_prefetch.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define RADIXSERVE_INT4_Q8 1
 #else
@@ -98,9 +98,10 @@ void quantize_rows(const at::Tensor& x, Q8Activations& a) {
   const int64_t rows = x.size(0), k = a.k;
   const T* xs = x.data_ptr<T>();
   alignas(64) float v[kSuper];
-  alignas(64) int8_t q[kSuper];
-  for (int64_t m = 0; m < rows; ++m)
+  std::vector<int8_t> row(k);  // a row's int8 activations in order, then moved to the tiles' (q8_at)
+  for (int64_t m = 0; m < rows; ++m) {
     for (int64_t s = 0; s < a.supers; ++s) {
+      int8_t* q = row.data() + s * kSuper;
       load_super(x, xs, m, s, v);
       float top = 0.f;
 #pragma omp simd reduction(max : top)
@@ -115,49 +116,52 @@ void quantize_rows(const at::Tensor& x, Q8Activations& a) {
       }
 #if RADIXSERVE_INT4_Q8
       for (int64_t i = 0; i < kSuper; i += 16)  // rounded to nearest even, as nearbyint
-        _mm_store_si128(reinterpret_cast<__m128i*>(q + i),
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i),
                         _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(v + i), _mm512_set1_ps(inv)))));
 #else
       for (int64_t i = 0; i < kSuper; ++i) q[i] = static_cast<int8_t>(std::nearbyint(v[i] * inv));
 #endif
-      for (int64_t i = 0; i < kSuper; ++i) {
-        const int64_t g = s * kSpan + i / kGroup;
-        a.q[m * k + q8_at(a.groups, g, static_cast<int>(i % kGroup))] = q[i];
+    }
+    // byte b of word p's masked (h = 0) or shifted (h = 1) half, in register v: code
+    // 2(4v + h + 2b) + p % 2 of group p / 2 (loops, not q8_at per byte: this runs on one thread
+    // before the product and cost a third of an 8-row call)
+    int8_t* into = a.q.data() + m * k;
+    for (int64_t ti = 0, tiles = tile_count(a.groups); ti < tiles; ++ti) {
+      const Tile tile = tile_of(a.groups, ti);
+      for (int64_t l = 0; l < tile.groups; ++l) {
+        const int8_t* src = row.data() + (tile.group0 + l) * kGroup;
+        for (int v = 0; v < 4; ++v)
+          for (int h = 0; h < 2; ++h) {
+            int8_t* dst = into + tile.group0 * kGroup + v * 8 * tile.groups + h * 4 * tile.groups + 4 * l;
+            for (int par = 0; par < 2; ++par)
+              for (int b = 0; b < 2; ++b) dst[2 * par + b] = src[2 * (4 * v + h + 2 * b) + par];
+          }
       }
     }
+  }
 }
 
-// R weight rows' constants: their group scales' codes as int16, each twice (a group's two 16-bit
-// lanes), what a group's integer sum is worth per activation row (its step times the activations'
-// scale), and the lows' part of each activation row's result.
+// R weight rows' constants: the lows' part of each activation row's result, and where their
+// scale codes and steps are (read a tile at a time in the loop: arrays of them built per pass of
+// rows cost as much as the pass).
 template <int M, int R>
 struct RowsQ8 {
-  std::vector<int16_t> codes;  // [R, 2 * groups + 32]
-  std::vector<float> low;      // [R, groups]
-  std::vector<float> factor;   // [R, M, groups + 16]
+  std::vector<float> low;     // [R, groups]
+  std::vector<float> factor;  // [R, supers, M]: a super-block's integer sums are worth step * activation scale
   float rest[R][M];
-  int64_t groups;
+  const int8_t* codes = nullptr;  // rows j.. [R, groups]
 
-  RowsQ8(int64_t groups, int64_t supers)
-      : codes(R * (2 * groups + 32)), low(R * groups), factor(R * M * (groups + 16)), groups(groups) {
-    (void)supers;
-  }
-  const int16_t* codes_of(int r) const { return codes.data() + r * (2 * groups + 32); }
-  const float* factor_of(int r, int m) const { return factor.data() + (r * M + m) * (groups + 16); }
+  RowsQ8(int64_t groups, int64_t supers) : low(R * groups), factor(R * supers * M) {}
 
   void load(const radixserve::GroupScales& scales, const radixserve::GroupScales& lows, int64_t j,
             const Q8Activations& a) {
-    const int8_t* c = static_cast<const int8_t*>(scales.values) + j * groups;
+    const int64_t groups = a.groups;
+    codes = static_cast<const int8_t*>(scales.values) + j * groups;
     const float* steps = scales.steps + j * a.supers;  // rows are contiguous
-    for (int r = 0; r < R; ++r) {
-      int16_t* twice = codes.data() + r * (2 * groups + 32);
-      for (int64_t g = 0; g < groups; ++g) twice[2 * g] = twice[2 * g + 1] = c[r * groups + g];
-      for (int m = 0; m < M; ++m) {
-        float* f = factor.data() + (r * M + m) * (groups + 16);
-        for (int64_t g = 0; g < groups; ++g)
-          f[g] = steps[r * a.supers + g / kSpan] * a.scale[m * a.supers + g / kSpan];
-      }
-    }
+    for (int r = 0; r < R; ++r)
+      for (int64_t sb = 0; sb < a.supers; ++sb)
+        for (int m = 0; m < M; ++m)
+          factor[(r * a.supers + sb) * M + m] = steps[r * a.supers + sb] * a.scale[m * a.supers + sb];
     lows.expand(j, R, low.data());
     // vectors across groups: a scalar chain of multiply-adds per (row, activation row) cost as
     // much as the product itself
@@ -182,52 +186,73 @@ struct RowsQ8 {
 };
 
 #if RADIXSERVE_INT4_Q8
+// One tile of G groups (a compile-time 16 or 4: a full tile's loads are whole, its addresses
+// constant offsets) of R weight rows from j against M activation rows, into acc.
+template <int M, int R, int G>
+inline void tile_rows(const uint8_t* w, const RowsQ8<M, R>& c, int64_t j, int64_t group0, const Q8Activations& a,
+                      __m512 (&acc)[R][M]) {
+  const int64_t k = a.k, groups = a.groups;
+  const __m512i low4 = _mm512_set1_epi16(0x0F0F);
+  // words past a small tile's load as 0: codes 0, whatever activations they meet
+  constexpr __mmask32 words_in = G == kTileGroups ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << (2 * G)) - 1);
+  constexpr __mmask16 lanes = G == kTileGroups ? __mmask16(0xFFFF) : __mmask16((1u << G) - 1);
+  const Tile tile{group0, G};
+  __m512i sum[R][M], scale[R];
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r) {
+    // the tile's scale codes, each in both 16-bit halves of its group's 32-bit lane
+    const __m512i code = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(lanes, c.codes + r * groups + group0));
+    scale[r] = _mm512_or_si512(_mm512_and_si512(code, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(code, 16));
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m) sum[r][m] = _mm512_setzero_si512();
+  }
+  RADIXSERVE_UNROLL
+  for (int v = 0; v < 4; ++v) {
+    const int8_t* x = a.q.data() + group0 * kGroup + v * 8 * G;
+    RADIXSERVE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      __m512i words;
+      if constexpr (G == kTileGroups)
+        words = _mm512_loadu_si512(block_at(w, k, j + r, group0 / 4 + v));
+      else
+        words = _mm512_maskz_loadu_epi16(words_in, register_at(w, k, j + r, tile, v));
+      const __m512i masked = _mm512_and_si512(words, low4);
+      const __m512i shifted = _mm512_and_si512(_mm512_srli_epi16(words, 4), low4);
+      RADIXSERVE_UNROLL
+      for (int m = 0; m < M; ++m) {
+        const __m512i pm = _mm512_maddubs_epi16(masked, _mm512_loadu_si512(x + m * k));
+        const __m512i ps = _mm512_maddubs_epi16(shifted, _mm512_loadu_si512(x + m * k + 4 * G));
+        sum[r][m] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(sum[r][m], pm, scale[r]), ps, scale[r]);
+      }
+    }
+  }
+  // a group's integer sum is worth its super-block's step times the activations' scale there: a
+  // full tile's lanes 0-7 one super-block's, 8-15 the next's; a small tile's all one's
+  const int64_t s0 = group0 / kSpan, s1 = (group0 + G - 1) / kSpan;
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r)
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m) {
+      const float f0 = c.factor[(r * a.supers + s0) * M + m], f1 = c.factor[(r * a.supers + s1) * M + m];
+      const __m512 factor = _mm512_insertf32x8(_mm512_set1_ps(f0), _mm256_set1_ps(f1), 1);
+      acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r][m]), factor, acc[r][m]);
+    }
+}
+
 // R weight rows from j against M activation rows; into out[m * n + j + r], rounded once to O.
 template <int M, int R, bool Prefetch, typename O>
 void dot_rows(const uint8_t* w, const RowsQ8<M, R>& c, int64_t n, int64_t j, const Q8Activations& a, O* out) {
-  const int64_t k = a.k, groups = a.groups;
-  const __m512i low4 = _mm512_set1_epi16(0x0F0F);
+  const int64_t k = a.k, groups = a.groups, full = groups / kTileGroups;
   __m512 acc[R][M];
   RADIXSERVE_UNROLL
   for (int r = 0; r < R; ++r)
     RADIXSERVE_UNROLL
     for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
-  for (int64_t ti = 0, tiles = tile_count(groups); ti < tiles; ++ti) {
-    const Tile tile = tile_of(groups, ti);
-    if constexpr (Prefetch) radixserve::prefetch_ahead<4 * R>(block_at(w, k, j, tile.group0 / 4));
-    // words past a small tile's load as 0: codes 0, whatever activations they meet
-    const __mmask32 words_in = tile.groups == kTileGroups ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << (2 * tile.groups)) - 1);
-    __m512i sum[R][M], scale[R];
-    RADIXSERVE_UNROLL
-    for (int r = 0; r < R; ++r) {
-      scale[r] = _mm512_loadu_si512(c.codes_of(r) + 2 * tile.group0);
-      RADIXSERVE_UNROLL
-      for (int m = 0; m < M; ++m) sum[r][m] = _mm512_setzero_si512();
-    }
-    RADIXSERVE_UNROLL
-    for (int v = 0; v < 4; ++v) {
-      const int8_t* x = a.q.data() + tile.group0 * kGroup + v * 8 * tile.groups;
-      RADIXSERVE_UNROLL
-      for (int r = 0; r < R; ++r) {
-        const __m512i words = _mm512_maskz_loadu_epi16(words_in, register_at(w, k, j + r, tile, v));
-        const __m512i masked = _mm512_and_si512(words, low4);
-        const __m512i shifted = _mm512_and_si512(_mm512_srli_epi16(words, 4), low4);
-        RADIXSERVE_UNROLL
-        for (int m = 0; m < M; ++m) {
-          const __m512i pm = _mm512_maddubs_epi16(masked, _mm512_loadu_si512(x + m * k));
-          const __m512i ps = _mm512_maddubs_epi16(shifted, _mm512_loadu_si512(x + m * k + 4 * tile.groups));
-          sum[r][m] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(sum[r][m], pm, scale[r]), ps, scale[r]);
-        }
-      }
-    }
-    const __mmask16 lanes = __mmask16((1u << tile.groups) - 1);
-    RADIXSERVE_UNROLL
-    for (int r = 0; r < R; ++r)
-      RADIXSERVE_UNROLL
-      for (int m = 0; m < M; ++m)
-        acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r][m]),
-                                    _mm512_maskz_loadu_ps(lanes, c.factor_of(r, m) + tile.group0), acc[r][m]);
+  for (int64_t ti = 0; ti < full; ++ti) {
+    if constexpr (Prefetch) radixserve::prefetch_ahead<4 * R>(block_at(w, k, j, ti * kTileGroups / 4));
+    tile_rows<M, R, kTileGroups>(w, c, j, ti * kTileGroups, a, acc);
   }
+  for (int64_t g = full * kTileGroups; g < groups; g += kSmallGroups) tile_rows<M, R, kSmallGroups>(w, c, j, g, a, acc);
   RADIXSERVE_UNROLL
   for (int r = 0; r < R; ++r)
     RADIXSERVE_UNROLL
@@ -236,11 +261,13 @@ void dot_rows(const uint8_t* w, const RowsQ8<M, R>& c, int64_t n, int64_t j, con
 }
 
 // Weight-row quads [begin, end), R rows at a time: each (row, activation row) pair holds two
-// accumulators, and more rows than registers would spill.
+// accumulators, the tile's integer one (every product adds to it) and the row's float one (touched
+// once a tile, left to spill where the registers run out); fewer rows a pass reread the
+// activations more (8 rows one weight row at a time: 16384 x 2048 in 3.4-4.1 ms, two at a time 2.2).
 template <int M, typename O>
 void dot_quads(const uint8_t* w, const radixserve::GroupScales& scales, const radixserve::GroupScales& lows, int64_t n,
                int64_t begin, int64_t end, const Q8Activations& a, O* out) {
-  constexpr int R = M <= 2 ? 4 : M <= 4 ? 2 : 1;
+  constexpr int R = M <= 4 ? 4 : 2;
   RowsQ8<M, R> c(a.groups, a.supers);
   for (int64_t j = begin * kQuad; j < end * kQuad; j += R) {
     c.load(scales, lows, j, a);
