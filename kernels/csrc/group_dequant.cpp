@@ -78,6 +78,39 @@ __attribute__((optimize("fp-contract=off"))) void int4_rows(const uint8_t* packe
     lows.expand(n, 1, row_lows.data());
     for (int64_t ti = 0, tiles = tile_count(groups); ti < tiles; ++ti) {
       const Tile tile = tile_of(groups, ti);
+#if defined(__AVX512F__)
+      // A group's 32 codes lie in one 32-bit lane of each of the tile's registers (words 2l and
+      // 2l + 1): code 8v + j is register v's lane l shifted right by 16 (j % 2) + 4 (j / 2). One
+      // permute brings registers 2h and 2h + 1's lanes for 16 codes, a variable shift and a mask
+      // give the codes (the scalar loop cost 4-5x the old layout's, a fifth of a prefill product).
+      __m512i regs[4];
+      if (tile.groups == kTileGroups)
+        for (int v = 0; v < 4; ++v) regs[v] = _mm512_loadu_si512(register_at(packed, k, n, tile, v));
+      else  // a small tile: its 4 registers of 4 lanes are one block
+        regs[0] = _mm512_loadu_si512(register_at(packed, k, n, tile, 0));
+      const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+      const __m512i shift = _mm512_setr_epi32(0, 16, 4, 20, 8, 24, 12, 28, 0, 16, 4, 20, 8, 24, 12, 28);
+      for (int64_t l = 0; l < tile.groups; ++l) {
+        const int64_t g = tile.group0 + l;
+        const __m512 sv = _mm512_set1_ps(row_scales[g]), lv = _mm512_set1_ps(row_lows[g]);
+        for (int h = 0; h < 2; ++h) {  // codes 16h .. 16h + 15: registers 2h (lanes 0-7), 2h + 1
+          __m512i words;
+          if (tile.groups == kTileGroups) {
+            const __m512i at = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(l)),
+                                                _mm512_and_si512(_mm512_slli_epi32(_mm512_srli_epi32(lane, 3), 4),
+                                                                 _mm512_set1_epi32(16)));
+            words = _mm512_permutex2var_epi32(regs[2 * h], at, regs[2 * h + 1]);
+          } else {
+            const __m512i at = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(l + 8 * h)),
+                                                _mm512_slli_epi32(_mm512_srli_epi32(lane, 3), 2));
+            words = _mm512_permutexvar_epi32(at, regs[0]);
+          }
+          const __m512i codes = _mm512_and_si512(_mm512_srlv_epi32(words, shift), _mm512_set1_epi32(15));
+          _mm512_storeu_ps(w.data() + g * kGroup + 16 * h, _mm512_add_ps(_mm512_mul_ps(sv, _mm512_cvtepi32_ps(codes)), lv));
+        }
+      }
+      continue;
+#endif
       for (int v = 0; v < 4; ++v) {
         const uint8_t* bytes = register_at(packed, k, n, tile, v);
         for (int64_t p = 0; p < 2 * tile.groups; ++p) {

@@ -94,3 +94,12 @@ def test_bad_input_is_refused(bad, message: str) -> None:  # noqa: ANN001
     args = bad(torch.randn(1, 128), pack_blocks(q), scales, lows)
     with pytest.raises(RuntimeError, match=message):
         ops().int4_gemv(*args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_dequantized_rows_are_the_weights_bit_for_bit(dtype: torch.dtype) -> None:
+    # 20 groups a row: a full tile of 16 and a small one of 4 (kernels/csrc/int4_blocks.h)
+    q, scales, lows, _ = weights(8, 640, seed=5)
+    want = q.float() * scales.float().repeat_interleave(32, dim=1) + lows.float().repeat_interleave(32, dim=1)
+    got = ops().dequant_int4_blocks(pack_blocks(q), scales, lows, dtype)
+    assert torch.equal(got, want.to(dtype))
