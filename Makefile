@@ -54,14 +54,17 @@ test-all: install install-agent-model install-coder-model $(EVAL_STAMP)
 # On a CUDA machine: the GPU-marked tests (compiled Triton kernels, the engine and a server on
 # CUDA). Runs with the machine's own torch (the venv is a CPU build), so it needs no install.
 GPU_PYTHON ?= python3
+# Only the files that hold GPU tests are collected: the machine lacks the CPU suite's clients
+# (anthropic, ollama, agent frameworks), whose modules would fail to import there.
+GPU_TEST_FILES = $(shell grep -rl --include='test_*.py' 'pytest.mark.gpu' tests)
 test-gpu:
-	PYTHONPATH=. $(GPU_PYTHON) -m pytest -m gpu -q -p no:cacheprovider
+	PYTHONPATH=. $(GPU_PYTHON) -m pytest -m gpu -q -p no:cacheprovider $(GPU_TEST_FILES)
 
 # Wheels the GPU machine lacks (it has no network): carried there in .whl/ (git-ignored).
 # pip resolves their dependencies together (pydantic pins one pydantic-core, for one); xgrammar's
 # own needs (torch, triton, transformers) are on that machine already, so it comes without them.
 GPU_WHEELS := msgspec starlette uvicorn openai
-GPU_WHEELS_NO_DEPS := xgrammar apache-tvm-ffi
+GPU_WHEELS_NO_DEPS := xgrammar apache-tvm-ffi gguf
 WHEEL_TARGET := --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
 	--platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 gpu-wheels:

@@ -14,7 +14,9 @@ export PYTHONPATH=".:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSIO
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/gpu.txt"
 
-python3 -m pytest -m gpu -q -p no:cacheprovider -x --timeout 300 2>&1 | tee "$OUT/test-gpu.log" | tail -5
+# the files holding GPU tests only (the CPU suite's clients are not on that machine); no -x: every failure is news
+python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --timeout 300 $(grep -rl --include='test_*.py' 'pytest.mark.gpu' tests) \
+  2>&1 | tee "$OUT/test-gpu.log" | tail -25
 python3 -m benchmarks.gpu_attention --json "$OUT/gpu_attention.json" 2>&1 | tee "$OUT/gpu_attention.log" | tail -20
 python3 -m benchmarks.gpu_engine --eager --json "$OUT/gpu_engine.json" 2>&1 | tee "$OUT/gpu_engine.log" | tail -20
 

@@ -31,6 +31,8 @@ class BiasedExperts(nn.Module):
         self.act = act
 
     forward = StackedExperts.forward  # route, group by expert, self.expert on each group, scatter-add
+    forward_grouped = StackedExperts.forward_grouped  # on a GPU: grouped products, biases by row
+    grouped_bias = StackedExperts.grouped_bias
 
     def expert(self, expert: int, rows: torch.Tensor) -> torch.Tensor:
         """One expert on its rows; the bias is added before the routing weight scales the output."""

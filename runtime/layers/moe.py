@@ -12,6 +12,12 @@ Expert weights are stacked per expert, `gate_up_proj` [E, 2 * I, H] (gate rows, 
 `ffn_{gate,up,down}_exps`, so a quantized path can later swap the stack for stacked blocks and
 keep the routing and grouping as they are. Routers are plain parameters (not nn.Linear) so the
 CPU's linear swaps (runtime/cpu/prepare.py) leave routing in the activations' own precision.
+
+Two ways to run the groups. The host loop reads each expert's group size on the host (a device
+sync on a GPU) and calls `expert` once a non-empty group: the CPU's way, where a quantized expert
+kernel replaces `expert`. On a CUDA GPU in bf16/fp16 (`runs_grouped`), two grouped products
+(`torch._grouped_mm`, one launch for all experts) read the groups' ends from the device: no sync,
+so a MoE model's decode step can be captured in a CUDA graph (see `moe_graphs`).
 """
 
 from __future__ import annotations
@@ -61,6 +67,31 @@ def group_by_expert(experts: torch.Tensor, num_experts: int) -> ExpertGroups:
     return ExpertGroups(torch.div(slots, experts.shape[1], rounding_mode="floor"), slots, counts)
 
 
+def group_ends(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same stable sort as group_by_expert, with each expert's group end left on the device:
+    (slots, ends int32 [E]), ends[e] = how many copies go to experts 0..e (no host sync: a sorted
+    search, not bincount, whose CUDA kernel reads the maximum on the host)."""
+    flat = experts.reshape(-1)
+    sorted_ids, slots = torch.sort(flat, stable=True)
+    bounds = torch.arange(1, num_experts + 1, device=flat.device, dtype=sorted_ids.dtype)
+    return slots, torch.searchsorted(sorted_ids, bounds).to(torch.int32)
+
+
+def runs_grouped(*weights: torch.Tensor) -> bool:
+    """Whether stacked expert weights take the grouped products: on CUDA, bf16 or fp16 (the
+    products' fast kernels; fp32 stays on the host loop, the parity tests' path), every matrix
+    dimension a multiple of 8 (16-byte rows, as the kernels ask)."""
+    return hasattr(torch, "_grouped_mm") and all(
+        w.is_cuda and w.dtype in (torch.bfloat16, torch.float16) and w.shape[-1] % 8 == 0 and w.shape[-2] % 8 == 0
+        for w in weights)
+
+
+def moe_graphs(model: nn.Module) -> bool:
+    """A MoE model's decode step is capturable when every expert stack runs grouped (no host sync)."""
+    stacks = [m for m in model.modules() if hasattr(m, "forward_grouped")]  # StackedExperts, BiasedExperts
+    return all(runs_grouped(m.gate_up_proj, m.down_proj) for m in stacks)
+
+
 def route_top_logits(logits: torch.Tensor, top_k: int) -> Routing:
     """gpt-oss's routing: the top k of the raw router logits, then a softmax over those k alone
     (in float32, cast back: the same weights as the reference's softmax in the logits' dtype at fp32)."""
@@ -92,6 +123,8 @@ class StackedExperts(nn.Module):
         self.act = gated_activation(activation)
 
     def forward(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
+        if runs_grouped(self.gate_up_proj, self.down_proj):
+            return self.forward_grouped(x, routing)
         groups = group_by_expert(routing.experts, self.num_experts)
         rows = x.index_select(0, groups.tokens)  # [tokens * top_k, H], grouped by expert
         out = torch.empty_like(rows)
@@ -102,6 +135,25 @@ class StackedExperts(nn.Module):
                 start += n
         out.mul_(routing.weights.reshape(-1).index_select(0, groups.slots)[:, None])
         return torch.zeros_like(x).index_add_(0, groups.tokens, out)
+
+    def forward_grouped(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
+        """Every expert's MLP on its group in two grouped products, the groups' ends on the device."""
+        slots, ends = group_ends(routing.experts, self.num_experts)
+        tokens = torch.div(slots, routing.experts.shape[1], rounding_mode="floor")
+        rows = x.index_select(0, tokens)
+        gate_up = torch._grouped_mm(rows, self.gate_up_proj.transpose(1, 2), offs=ends)
+        out = torch._grouped_mm(self.act(self.grouped_bias(gate_up, "gate_up_proj_bias", slots, routing)),
+                                self.down_proj.transpose(1, 2), offs=ends)
+        out = self.grouped_bias(out, "down_proj_bias", slots, routing)
+        out.mul_(routing.weights.reshape(-1).index_select(0, slots)[:, None])
+        return torch.zeros_like(x).index_add_(0, tokens, out)
+
+    def grouped_bias(self, out: torch.Tensor, name: str, slots: torch.Tensor, routing: Routing) -> torch.Tensor:
+        """Adds each row's expert's bias where the stack has one (gpt-oss's BiasedExperts)."""
+        bias = getattr(self, name, None)
+        if bias is None:
+            return out
+        return out + bias.index_select(0, routing.experts.reshape(-1).index_select(0, slots))
 
     def expert(self, expert: int, rows: torch.Tensor) -> torch.Tensor:
         """One expert's gated MLP on its rows (the seam a quantized expert kernel replaces)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from runtime.layers.moe import SparseMoeBlock
+from runtime.layers.moe import SparseMoeBlock, moe_graphs
 from runtime.models.llama import GatedMLP, LlamaAttention, LlamaForCausalLM, Qwen2Attention, dense_mlp
 
 
@@ -24,7 +24,11 @@ def is_sparse_layer(config: object, layer_id: int) -> bool:
 
 class Qwen2MoeForCausalLM(LlamaForCausalLM):
     qk_norm = False
-    cuda_graphs = False  # the expert loop reads each expert's group size on the host: not capturable
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Capturable where the experts run grouped (bf16 on CUDA); the host loop syncs."""
+        return moe_graphs(self)
 
     @staticmethod
     def attention_class(config: object) -> type[LlamaAttention]:

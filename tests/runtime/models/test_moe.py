@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.layers.moe import SparseMoeBlock, StackedExperts, group_by_expert, route
+from runtime.layers.moe import SparseMoeBlock, StackedExperts, group_by_expert, group_ends, route, runs_grouped
 from runtime.models.weights import load_into
 
 E, H, I, K = 6, 16, 8, 2
@@ -47,6 +47,38 @@ def test_grouped_experts_equal_every_expert_over_every_token(tokens: int) -> Non
         got = experts(x, routing)
     want = _dense(experts, x, routing.weights, routing.experts)
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+
+
+def test_group_ends_are_the_groups_cumulative_sizes() -> None:
+    ids = torch.tensor([[3, 0], [5, 3], [0, 1], [3, 5]])
+    slots, ends = group_ends(ids, E)
+    groups = group_by_expert(ids, E)
+    assert torch.equal(slots, groups.slots) and ends.dtype == torch.int32
+    assert ends.tolist() == torch.tensor(groups.counts).cumsum(0).tolist() == [2, 3, 3, 6, 6, 8]
+
+
+@pytest.mark.parametrize("biased", [False, True], ids=["stacked", "biased"])
+@pytest.mark.parametrize("tokens", [1, 5, 33])
+def test_grouped_products_equal_the_host_loop(biased: bool, tokens: int) -> None:
+    """The GPU's sync-free path (two torch._grouped_mm calls; torch runs them on the CPU too) gives
+    the host loop's output, biases included, with experts that receive no token among them."""
+    from functools import partial
+
+    from runtime.layers.activation import clamped_swiglu
+    from runtime.layers.biased_experts import BiasedExperts
+
+    torch.manual_seed(tokens)
+    experts = BiasedExperts(E, H, I, partial(clamped_swiglu, alpha=1.702, limit=7.0)) if biased else _experts(tokens)
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.normal_()
+    x = torch.randn(tokens, H)
+    routing = route(torch.randn(tokens, E), K, renormalize=True)
+    assert not runs_grouped(experts.gate_up_proj, experts.down_proj)  # the CPU takes the host loop
+    with torch.no_grad():
+        want = experts(x, routing)
+        got = experts.forward_grouped(x, routing)
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-5), (got - want).abs().max()
 
 
 def record_expert_rows(monkeypatch: pytest.MonkeyPatch, cls: type) -> dict[int, int]:
