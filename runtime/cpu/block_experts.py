@@ -32,7 +32,10 @@ class BlockExperts(nn.Module):
         self.act = experts.act
         self.gate_up, self.down = gate_up, down  # plain lists: no parameters to load or move
 
-    forward = StackedExperts.forward
+    forward = StackedExperts.forward_loop  # the host loop: `expert` runs the few-row block kernels
+
+    def grouped(self) -> bool:
+        return False  # codes, not stacked tensors: never the grouped products
 
     def expert(self, expert: int, rows: torch.Tensor) -> torch.Tensor:
         return self.down[expert](self.act(self.gate_up[expert](rows)))

@@ -30,9 +30,10 @@ class BiasedExperts(nn.Module):
         self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden_size))
         self.act = act
 
-    forward = StackedExperts.forward  # route, group by expert, self.expert on each group, scatter-add
-    forward_grouped = StackedExperts.forward_grouped  # on a GPU: grouped products, biases by row
-    grouped_bias = StackedExperts.grouped_bias
+    # StackedExperts' two ways: the host loop (self.expert on each group) or, on a GPU in bf16,
+    # grouped products with each row's expert bias
+    forward, forward_loop, grouped = StackedExperts.forward, StackedExperts.forward_loop, StackedExperts.grouped
+    forward_grouped, grouped_bias = StackedExperts.forward_grouped, StackedExperts.grouped_bias
 
     def expert(self, expert: int, rows: torch.Tensor) -> torch.Tensor:
         """One expert on its rows; the bias is added before the routing weight scales the output."""

@@ -88,8 +88,8 @@ def runs_grouped(*weights: torch.Tensor) -> bool:
 
 def moe_graphs(model: nn.Module) -> bool:
     """A MoE model's decode step is capturable when every expert stack runs grouped (no host sync)."""
-    stacks = [m for m in model.modules() if hasattr(m, "forward_grouped")]  # StackedExperts, BiasedExperts
-    return all(runs_grouped(m.gate_up_proj, m.down_proj) for m in stacks)
+    stacks = [m for m in model.modules() if hasattr(m, "grouped")]  # StackedExperts, BiasedExperts, BlockExperts
+    return all(m.grouped() for m in stacks)
 
 
 def route_top_logits(logits: torch.Tensor, top_k: int) -> Routing:
@@ -123,8 +123,14 @@ class StackedExperts(nn.Module):
         self.act = gated_activation(activation)
 
     def forward(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
-        if runs_grouped(self.gate_up_proj, self.down_proj):
-            return self.forward_grouped(x, routing)
+        return self.forward_grouped(x, routing) if self.grouped() else self.forward_loop(x, routing)
+
+    def grouped(self) -> bool:
+        """Whether this stack runs as grouped products (see runs_grouped)."""
+        return runs_grouped(self.gate_up_proj, self.down_proj)
+
+    def forward_loop(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
+        """The host loop: `expert` once a non-empty group, the group sizes read on the host."""
         groups = group_by_expert(routing.experts, self.num_experts)
         rows = x.index_select(0, groups.tokens)  # [tokens * top_k, H], grouped by expert
         out = torch.empty_like(rows)
