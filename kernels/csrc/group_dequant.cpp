@@ -109,8 +109,7 @@ __attribute__((optimize("fp-contract=off"))) void int4_rows(const uint8_t* packe
           _mm512_storeu_ps(w.data() + g * kGroup + 16 * h, _mm512_add_ps(_mm512_mul_ps(sv, _mm512_cvtepi32_ps(codes)), lv));
         }
       }
-      continue;
-#endif
+#else
       for (int v = 0; v < 4; ++v) {
         const uint8_t* bytes = register_at(packed, k, n, tile, v);
         for (int64_t p = 0; p < 2 * tile.groups; ++p) {
@@ -121,6 +120,7 @@ __attribute__((optimize("fp-contract=off"))) void int4_rows(const uint8_t* packe
           for (int t = 0; t < 4; ++t) into[2 * t] = s * static_cast<float>((word >> (4 * t)) & 15) + l;
         }
       }
+#endif
     }
     radixserve::store(w.data(), k, out + n * k);
   }

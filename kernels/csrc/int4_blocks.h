@@ -52,6 +52,12 @@ inline Tile tile_of(int64_t groups, int64_t index) {
   return {full * kTileGroups + (index - full) * kSmallGroups, kSmallGroups};
 }
 
+// The words of a tile's register that hold codes, as a mask of 32 (a small tile's 2G of them;
+// the kernels load the rest as 0).
+constexpr uint32_t words_mask(int64_t groups) {
+  return groups == kTileGroups ? 0xFFFFFFFFu : (1u << (2 * groups)) - 1;
+}
+
 // Register v of row `row`'s tile (2 * tile.groups words).
 inline const uint8_t* register_at(const uint8_t* w, int64_t k, int64_t row, const Tile& tile, int v) {
   const int64_t word = v * 2 * tile.groups;  // within the tile

@@ -169,11 +169,17 @@ inline void finish(const __m512 (&acc)[R][M], int64_t n, int64_t j, O* out) {
     for (int m = 0; m < M; ++m) out[m * n + j + r] = static_cast<O>(_mm512_reduce_add_ps(acc[r][m]));
 }
 
-// A tile's masks: its 2G words of a register, its G groups (lanes of 32 bits).
-inline __mmask32 word_mask(const Tile& tile) {
-  return tile.groups == kTileGroups ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << (2 * tile.groups)) - 1);
-}
+// A tile's groups as a mask of 32-bit lanes.
 inline __mmask16 group_mask(const Tile& tile) { return __mmask16((1u << tile.groups) - 1); }
+
+// A tile's accumulators, zeroed.
+template <int M, int R>
+inline void zero(__m512 (&tacc)[R][M]) {
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r)
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m) tacc[r][m] = _mm512_setzero_ps();
+}
 
 // The tile's sums (a group a lane) times the groups' scales, into the row's accumulators.
 template <int M, int R>
@@ -205,10 +211,7 @@ void dot_tiles(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t
     if constexpr (Prefetch) radixserve::prefetch_ahead<4 * R>(block_at(w, k, j, tile.group0 / 4));
     const __mmask16 lanes = group_mask(tile);
     __m512 tacc[R][M];
-    RADIXSERVE_UNROLL
-    for (int r = 0; r < R; ++r)
-      RADIXSERVE_UNROLL
-      for (int m = 0; m < M; ++m) tacc[r][m] = _mm512_setzero_ps();
+    zero(tacc);
     RADIXSERVE_UNROLL
     for (int v = 0; v < 4; ++v) {
       __m512i words[R];
@@ -265,13 +268,10 @@ inline void tile_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j, 
   const int64_t k = a.k;
   const __m512i nibble = _mm512_set1_epi16(0x000F), base = _mm512_set1_epi16(0x4300);
   // a small tile's unused words load as 0 (code 128), against activations loaded as 0
-  constexpr __mmask32 words_in = G == kTileGroups ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << (2 * G)) - 1);
+  constexpr __mmask32 words_in = words_mask(G);
   const Tile tile{group0, G};
   __m512 tacc[R][M];
-  RADIXSERVE_UNROLL
-  for (int r = 0; r < R; ++r)
-    RADIXSERVE_UNROLL
-    for (int m = 0; m < M; ++m) tacc[r][m] = _mm512_setzero_ps();
+  zero(tacc);
   RADIXSERVE_UNROLL
   for (int v = 0; v < 4; ++v) {
     __m512i words[R];

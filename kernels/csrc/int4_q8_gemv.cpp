@@ -194,7 +194,7 @@ inline void tile_rows(const uint8_t* w, const RowsQ8<M, R>& c, int64_t j, int64_
   const int64_t k = a.k, groups = a.groups;
   const __m512i low4 = _mm512_set1_epi16(0x0F0F);
   // words past a small tile's load as 0: codes 0, whatever activations they meet
-  constexpr __mmask32 words_in = G == kTileGroups ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << (2 * G)) - 1);
+  constexpr __mmask32 words_in = words_mask(G);
   constexpr __mmask16 lanes = G == kTileGroups ? __mmask16(0xFFFF) : __mmask16((1u << G) - 1);
   const Tile tile{group0, G};
   __m512i sum[R][M], scale[R];

@@ -24,13 +24,14 @@ byte a group times a float32 step a super-block (their own d times small integer
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from kernels.cpu_ops import ops
-from runtime.cpu.int4_linear import ONE_ROW_BLOCK, pack_blocks, tile_order
+from runtime.cpu.int4_linear import ONE_ROW_BLOCK, pack_blocks
 from runtime.loading.gguf_groups import GROUP as INT4_GROUP
 from runtime.loading.gguf_groups import Int4Groups, PackedInt4Groups
 from runtime.loading.gguf_int8_groups import Int8Groups
@@ -86,6 +87,16 @@ def _rows_of(tensor: torch.Tensor | None, start: int, stop: int) -> torch.Tensor
 
 def _pick(tensor: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:
     return None if tensor is None else tensor.index_select(0, ids)
+
+
+def _quad_rows(packed: torch.Tensor, ids: torch.Tensor, k: int,
+               dequantize: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Rows `ids` of codes kept in quads of rows: each id's quad dequantized whole by
+    dequantize(its packed rows, their row numbers), then its row taken."""
+    quads = ids // 4
+    picked = packed.view(packed.shape[0] // 4, -1).index_select(0, quads).view(-1, packed.shape[1])
+    four = (quads[:, None] * 4 + torch.arange(4)).reshape(-1)
+    return dequantize(picked, four).view(-1, 4, k)[torch.arange(len(ids)), ids % 4]
 
 
 class Int8Blocks:
@@ -145,13 +156,8 @@ class Q6Blocks:
                                      _rows_of(self.steps, start, stop))
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        quads = ids // 4  # each id's quad of rows, dequantized whole, then its row taken
-        n, k = self.shape
-        packed = self.packed.view(n // 4, -1).index_select(0, quads).view(-1, self.packed.shape[1])
-        four = (quads[:, None] * 4 + torch.arange(4)).reshape(-1)
-        weights = ops().dequant_q6_rows(packed, self.scales.index_select(0, four), self.group, dtype,  # type: ignore[union-attr]
-                                        _pick(self.steps, four))
-        return weights.view(-1, 4, k)[torch.arange(len(ids)), ids % 4]
+        return _quad_rows(self.packed, ids, self.shape[1], lambda packed, four: ops().dequant_q6_rows(  # type: ignore[union-attr]
+            packed, self.scales.index_select(0, four), self.group, dtype, _pick(self.steps, four)))
 
     def nbytes(self) -> int:
         return _nbytes(self.packed, self.scales, self.steps)
@@ -159,7 +165,7 @@ class Q6Blocks:
 
 class Int4Blocks:
     """w[n, k] = scales[n, g] * q[n, k] + lows[n, g], g = k // 32, in int4_blocks.h's layout: blocks
-    of 128 codes as 32 16-bit words in tiles of 16 groups (int4_linear.tile_order), rows in quads."""
+    of 128 codes as 32 16-bit words in tiles of 16 groups, rows in quads."""
 
     wide_itself = False
     kept_tensors, kept_attrs = ("packed", "scales", "scale_steps", "lows", "low_steps"), ("shape",)
@@ -202,22 +208,6 @@ class Int4Blocks:
         return (steps is not None and steps.shape[1] * SUPER_BLOCK == self.shape[1]
                 and bool(ops().int4_gemv_q8_fast()))  # type: ignore[union-attr]
 
-    def _codes(self, words: torch.Tensor) -> torch.Tensor:
-        """[rows, K / 128, 32] int16 words -> [rows, K] codes (0..15), in k order."""
-        nibbles = torch.stack([(words >> (4 * t)) & 15 for t in range(4)], dim=3)  # [rows, K/128, 32, 4]
-        codes = torch.empty(words.shape[0], self.shape[1], dtype=nibbles.dtype)
-        codes[:, tile_order(self.shape[1])] = nibbles.reshape(words.shape[0], -1)
-        return codes
-
-    def _weights(self, q: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        rows, k = q.shape
-        w = q.reshape(rows, k // INT4_GROUP, INT4_GROUP).float() * scales[..., None] + lows[..., None]
-        return w.reshape(rows, k).to(dtype)
-
-    def _quads(self) -> torch.Tensor:
-        n, k = self.shape
-        return self.packed.view(torch.int16).view(n // 4, k // ONE_ROW_BLOCK, 4, 32)
-
     def dequantize(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
         assert start % 4 == 0 and stop % 4 == 0, "Int4Blocks dequantizes whole quads of rows"
         return ops().dequant_int4_blocks(self.packed[start:stop], self.scales[start:stop],  # type: ignore[union-attr]
@@ -225,10 +215,9 @@ class Int4Blocks:
                                          _rows_of(self.low_steps, start, stop))
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        words = self._quads()[ids // 4, :, ids % 4]  # [len(ids), K / 128, 32]
-        scales = expand_scales(self.scales.index_select(0, ids), _pick(self.scale_steps, ids))
-        lows = expand_scales(self.lows.index_select(0, ids), _pick(self.low_steps, ids))
-        return self._weights(self._codes(words), scales, lows, dtype)
+        return _quad_rows(self.packed, ids, self.shape[1], lambda packed, four: ops().dequant_int4_blocks(  # type: ignore[union-attr]
+            packed, self.scales.index_select(0, four), self.lows.index_select(0, four), dtype,
+            _pick(self.scale_steps, four), _pick(self.low_steps, four)))
 
     def nbytes(self) -> int:
         return _nbytes(self.packed, self.scales, self.lows, self.scale_steps, self.low_steps)

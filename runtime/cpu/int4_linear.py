@@ -17,7 +17,6 @@ those codes as shipped instead of quantizing the dequantized weights a second ti
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
@@ -74,36 +73,12 @@ def fits_int4(weight: torch.Tensor, group: int = INT4_GROUP) -> bool:
     return weight.shape[1] % group == 0 and weight.shape[0] % 16 == 0
 
 
-TILE_GROUPS, SMALL_GROUPS = 16, 4  # kernels/csrc/int4_blocks.h
-
-
-@functools.lru_cache(maxsize=64)
-def tile_order(k: int) -> torch.Tensor:
-    """For a row of K codes in the one-row kernel's layout, read as [K / 128 blocks, 32 words, 4
-    nibbles]: which code (0..K-1) each nibble holds (kernels/csrc/int4_blocks.h: tiles of 16 groups,
-    the last groups % 16 in tiles of 4; register v's word p holds, in nibble t, code 2(4v + t) + p % 2
-    of the tile's group p / 2)."""
-    groups = k // 32
-    full = groups // TILE_GROUPS * TILE_GROUPS
-    order = torch.empty(k, dtype=torch.long)
-    for group0 in list(range(0, full, TILE_GROUPS)) + list(range(full, groups, SMALL_GROUPS)):
-        size = TILE_GROUPS if group0 < full else SMALL_GROUPS
-        v, t, p = torch.meshgrid(torch.arange(4), torch.arange(4), torch.arange(2 * size), indexing="ij")
-        word = group0 * 8 + v * 2 * size + p  # the tile starts at word group0 * 32 / 4
-        code = (group0 + p // 2) * 32 + 2 * (4 * v + t) + p % 2
-        order[(word * 4 + t).reshape(-1)] = code.reshape(-1)
-    return order
-
-
 def pack_blocks(q: torch.Tensor) -> torch.Tensor:
     """Codes [N, K] (0..15) in the one-row kernel's layout (kernels/csrc/int4_blocks.h): uint8
-    [N, K / 2]; blocks of 128 codes as 32 little-endian 16-bit words in tiles (tile_order), and
-    the blocks of each four rows interleaved."""
-    n, k = q.shape
-    nibbles = q.to(torch.int32)[:, tile_order(k)].reshape(n, k // ONE_ROW_BLOCK, 32, 4)
-    words = nibbles[..., 0] | nibbles[..., 1] << 4 | nibbles[..., 2] << 8 | nibbles[..., 3] << 12
-    quads = words.to(torch.int16).reshape(n // 4, 4, k // ONE_ROW_BLOCK, 32).transpose(1, 2)
-    return quads.contiguous().view(torch.uint8).reshape(n, k // 2)
+    [N, K / 2], tiles of 16 groups in blocks of 128 codes, the blocks of each four rows
+    interleaved. Two codes a byte, then the kernels' own repack: the layout is written once."""
+    nibbles = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
+    return ops().repack_int4_nibbles(nibbles.contiguous())  # type: ignore[union-attr]
 
 
 def one_row_kernel(q: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -> Kernel | None:
