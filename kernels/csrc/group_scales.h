@@ -18,7 +18,7 @@
 #include <cstring>
 #include <optional>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -66,6 +66,10 @@ struct GroupScales {
 #if defined(__AVX512F__)
       for (; i + 16 <= total; i += 16)
         _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+#elif defined(__F16C__)
+      // AVX2 CPUs convert 8 a vector (the scalar loop took 2-3 ms of a 262144-row layer's 12)
+      for (; i + 8 <= total; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
 #endif
       for (; i < total; ++i) dst[i] = static_cast<float>(src[i]);
     } else {
@@ -82,6 +86,12 @@ struct GroupScales {
                                       : _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(step[i / 8])),
                                                            _mm256_set1_ps(step[i / 8 + 1]), 1);
           _mm512_storeu_ps(dst + i, _mm512_mul_ps(s, c));
+        }
+#elif defined(__AVX2__)
+      if (span % 8 == 0)
+        for (; i + 8 <= total; i += 8) {
+          const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i))));
+          _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_set1_ps(step[i / span]), c));
         }
 #endif
       for (; i < total; i += span) {

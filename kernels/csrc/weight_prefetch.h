@@ -8,8 +8,8 @@
 // restores it: 20-25 GB/s (2 threads, Zen 4).
 #pragma once
 #include <cstdint>
-#if defined(__AVX512F__)
-#include <immintrin.h>
+#if defined(__SSE__)
+#include <xmmintrin.h>
 #endif
 
 namespace radixserve {
@@ -30,7 +30,7 @@ inline bool activations_spill(int64_t bytes) { return bytes > kSpillBytes; }
 // quad's rows together, quads one after another).
 template <int Lines>
 inline void prefetch_ahead(const uint8_t* at) {
-#if defined(__AVX512F__)
+#if defined(__SSE__)
   const char* ahead = reinterpret_cast<const char*>(at) + kPrefetchBytes;
 #pragma GCC unroll 8
   for (int line = 0; line < Lines; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
