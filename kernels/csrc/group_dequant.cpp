@@ -22,7 +22,7 @@
 #include "int4_blocks.h"
 #include "weight_store.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -62,6 +62,50 @@ void int8_rows(const int8_t* codes, const radixserve::GroupScales& scales, int64
 #endif
   }
 }
+
+#if !defined(__AVX512F__) && defined(__AVX2__)
+// AVX2: half h of a tile (G = 8 of a full tile's groups, or a small tile's 4) into w. Register v,
+// nibble t gives codes 2(4v + t) and 2(4v + t) + 1 of each group, a group a lane: eight vectors
+// (t = 0..3, even and odd) are codes 8v .. 8v + 7 of 8 groups, and one 8 x 8 transpose makes them
+// 8 runs of a group's codes, each stored whole (the scalar loop wrote a float at a time).
+template <int G>
+__attribute__((optimize("fp-contract=off"))) inline void int4_half_avx2(const uint8_t* packed, int64_t k, int64_t n,
+                                                                        const radixserve::int4::Tile& tile, int h,
+                                                                        const float* row_scales, const float* row_lows,
+                                                                        float* w) {
+  using namespace radixserve::int4;
+  const int64_t g0 = tile.group0 + 8 * h;
+  const __m256 sv = G == 8 ? _mm256_loadu_ps(row_scales + g0) : _mm256_zextps128_ps256(_mm_loadu_ps(row_scales + g0));
+  const __m256 lv = G == 8 ? _mm256_loadu_ps(row_lows + g0) : _mm256_zextps128_ps256(_mm_loadu_ps(row_lows + g0));
+  const __m256i fifteen = _mm256_set1_epi32(15);
+  for (int v = 0; v < 4; ++v) {
+    const uint8_t* at = register_at(packed, k, n, tile, v) + 32 * h;
+    const __m256i words = G == 8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at))
+                                 : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+    __m256 c[8];  // c[2t + p]: code 8v + 2t + p of each group, as weights s * q + l
+    for (int t = 0; t < 4; ++t) {
+      const __m256i even = _mm256_and_si256(_mm256_srli_epi32(words, 4 * t), fifteen);
+      const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(words, 16 + 4 * t), fifteen);
+      c[2 * t] = _mm256_add_ps(_mm256_mul_ps(sv, _mm256_cvtepi32_ps(even)), lv);
+      c[2 * t + 1] = _mm256_add_ps(_mm256_mul_ps(sv, _mm256_cvtepi32_ps(odd)), lv);
+    }
+    // 8 x 8 transpose: row l becomes group l's codes 8v .. 8v + 7
+    const __m256 t0 = _mm256_unpacklo_ps(c[0], c[1]), t1 = _mm256_unpackhi_ps(c[0], c[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(c[2], c[3]), t3 = _mm256_unpackhi_ps(c[2], c[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(c[4], c[5]), t5 = _mm256_unpackhi_ps(c[4], c[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(c[6], c[7]), t7 = _mm256_unpackhi_ps(c[6], c[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    const __m256 rows[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+                            _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+                            _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+                            _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+    for (int l = 0; l < G; ++l) _mm256_storeu_ps(w + (g0 + l) * kGroup + 8 * v, rows[l]);
+  }
+}
+#endif
 
 // Multiply, then add, each rounded (no fused multiply-add): the weights are then bitwise those of a
 // float32 dequantization (gguf's, torch's). A tile's register v, nibble t gives codes 2i, 2i + 1
@@ -108,6 +152,13 @@ __attribute__((optimize("fp-contract=off"))) void int4_rows(const uint8_t* packe
           const __m512i codes = _mm512_and_si512(_mm512_srlv_epi32(words, shift), _mm512_set1_epi32(15));
           _mm512_storeu_ps(w.data() + g * kGroup + 16 * h, _mm512_add_ps(_mm512_mul_ps(sv, _mm512_cvtepi32_ps(codes)), lv));
         }
+      }
+#elif defined(__AVX2__)
+      if (tile.groups == kTileGroups) {
+        int4_half_avx2<8>(packed, k, n, tile, 0, row_scales.data(), row_lows.data(), w.data());
+        int4_half_avx2<8>(packed, k, n, tile, 1, row_scales.data(), row_lows.data(), w.data());
+      } else {
+        int4_half_avx2<4>(packed, k, n, tile, 0, row_scales.data(), row_lows.data(), w.data());
       }
 #else
       for (int v = 0; v < 4; ++v) {
