@@ -50,6 +50,19 @@ def _generate(folder: Path, prompts: list, backend: str, **config: object) -> tu
     return [o.token_ids for o in outs], stats
 
 
+def record_replays(graphs) -> list[int]:  # noqa: ANN001
+    """The batch sizes the decode graphs replay from now on (filled as they run)."""
+    sizes: list[int] = []
+    run = graphs.run
+
+    def recording(entries, future_ids):  # noqa: ANN001, ANN202
+        sizes.append(len(entries))
+        return run(entries, future_ids)
+
+    graphs.run = recording
+    return sizes
+
+
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_greedy_matches_transformers_on_cuda(family: tuple, config: str) -> None:
     _, folder, prompts, want = family
@@ -164,14 +177,7 @@ def test_decode_graphs_replay_with_padding(tmp_path: Path) -> None:
         graphs = engine.runner.graphs
         assert graphs is not None and graphs.sizes == [1, 2, 4, 8, 16] and engine.loop.overlap
         assert all(graphs.steps[s].graph is not None for s in graphs.sizes)
-        sizes: list[int] = []
-        run = graphs.run
-
-        def recording(entries, future_ids):  # noqa: ANN001, ANN202
-            sizes.append(len(entries))
-            return run(entries, future_ids)
-
-        graphs.run = recording
+        sizes = record_replays(graphs)
         got = [o.token_ids for o in engine.generate(input_ids=prompts, sampling_params=params)]
         assert_slots_balanced(engine)
     assert got == want
@@ -227,14 +233,7 @@ def test_moe_decode_graphs_in_bf16(name: str, tmp_path: Path) -> None:
                 max_running_requests=16, cuda_graph_max_bs=16) as engine:
         graphs = engine.runner.graphs
         assert graphs is not None and all(graphs.steps[s].graph is not None for s in graphs.sizes)
-        sizes: list[int] = []
-        run = graphs.run
-
-        def recording(entries, future_ids):  # noqa: ANN001, ANN202
-            sizes.append(len(entries))
-            return run(entries, future_ids)
-
-        graphs.run = recording
+        sizes = record_replays(graphs)
         outs = engine.generate(input_ids=prompts, sampling_params=params)
         assert_slots_balanced(engine)
     assert all(len(o.token_ids) == 6 for o in outs) and 5 in sizes
