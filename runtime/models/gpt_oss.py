@@ -59,8 +59,11 @@ class GptOssMoe(nn.Module):
 
 class GptOssForCausalLM(LlamaForCausalLM):
     # Eager on a GPU even where its experts run grouped (sync-free): captured on an H100 in bf16
-    # (2026-11-27), its decode graph's replay hit an out-of-bounds gather on the device, not yet
-    # traced (the Qwen MoE families capture and replay); eager gpt-oss passes every GPU test.
+    # (2026-11-27), its decode graph's replay hit an out-of-bounds gather on the device (the Qwen
+    # MoE families capture and replay). The likely cause, read from the code and not yet checked
+    # on a GPU: SinkAttention's log-sum-exp pass sizes its decode table from the host's sequence
+    # lengths (kernels/torch_attention._decode_table), which a graph freezes at capture, the
+    # reason the torch backend runs eagerly too. Eager gpt-oss passes every GPU test.
     cuda_graphs = False
 
     @staticmethod
