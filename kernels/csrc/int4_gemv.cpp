@@ -170,6 +170,15 @@ struct RowConstants {
   }
 };
 
+// Accumulators (__m512 or __m256), zeroed (a vector type's value-initialisation is all zeros).
+template <typename V, int M, int R>
+inline void zero(V (&acc)[R][M]) {
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r)
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m) acc[r][m] = V{};
+}
+
 #if RADIXSERVE_INT4_AVX512
 // Each accumulator's lanes summed into its output, rounded once to the activations' dtype O.
 template <int M, int R, typename O>
@@ -182,15 +191,6 @@ inline void finish(const __m512 (&acc)[R][M], int64_t n, int64_t j, O* out) {
 
 // A tile's groups as a mask of 32-bit lanes.
 inline __mmask16 group_mask(const Tile& tile) { return __mmask16((1u << tile.groups) - 1); }
-
-// A tile's accumulators, zeroed.
-template <int M, int R>
-inline void zero(__m512 (&tacc)[R][M]) {
-  RADIXSERVE_UNROLL
-  for (int r = 0; r < R; ++r)
-    RADIXSERVE_UNROLL
-    for (int m = 0; m < M; ++m) tacc[r][m] = _mm512_setzero_ps();
-}
 
 // The tile's sums (a group a lane) times the groups' scales, into the row's accumulators.
 template <int M, int R>
@@ -228,10 +228,7 @@ inline void half_tile_avx2(const uint8_t* w, const RowConstants<M, R>& c, int64_
       return _mm256_zextps128_ps256(_mm_loadu_ps(p));
   };
   __m256 tacc[R][M];
-  RADIXSERVE_UNROLL
-  for (int r = 0; r < R; ++r)
-    RADIXSERVE_UNROLL
-    for (int m = 0; m < M; ++m) tacc[r][m] = _mm256_setzero_ps();
+  zero(tacc);
   RADIXSERVE_UNROLL
   for (int v = 0; v < 4; ++v) {
     __m256i words[R];
@@ -309,10 +306,7 @@ void dot_tiles(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t
   finish<M, R>(acc, n, j, out);
 #elif RADIXSERVE_INT4_AVX2
   __m256 acc[R][M];
-  RADIXSERVE_UNROLL
-  for (int r = 0; r < R; ++r)
-    RADIXSERVE_UNROLL
-    for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_ps();
+  zero(acc);
   for (int64_t ti = 0, tiles = tile_count(groups); ti < tiles; ++ti) {
     const Tile tile = tile_of(groups, ti);
     if constexpr (Prefetch) radixserve::prefetch_ahead<4 * R>(block_at(w, k, j, tile.group0 / 4));

@@ -45,7 +45,12 @@ class ExpertGroups:
 
     tokens: torch.Tensor  # [tokens * top_k]: the token row each sorted copy reads and adds back into
     slots: torch.Tensor  # [tokens * top_k]: each sorted copy's index in the flattened routing
-    counts: list[int]  # copies per expert, in expert order (on the host: it drives the loop)
+    ends: torch.Tensor  # int32 [E], on the device: how many copies go to experts 0..e (the grouped products' offsets)
+
+    @property
+    def counts(self) -> list[int]:
+        """Copies per expert, in expert order, on the host (a device sync on a GPU: the host loop's)."""
+        return torch.diff(self.ends, prepend=self.ends.new_zeros(1)).tolist()
 
 
 def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> Routing:
@@ -60,21 +65,14 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> Routing:
 
 def group_by_expert(experts: torch.Tensor, num_experts: int) -> ExpertGroups:
     """A stable sort of the flattened choices by expert id: each expert's tokens become one
-    contiguous block, in token order (so every token's sum runs in expert order, as the reference's)."""
-    flat = experts.reshape(-1)
-    slots = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts).tolist()
-    return ExpertGroups(torch.div(slots, experts.shape[1], rounding_mode="floor"), slots, counts)
-
-
-def group_ends(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same stable sort as group_by_expert, with each expert's group end left on the device:
-    (slots, ends int32 [E]), ends[e] = how many copies go to experts 0..e (no host sync: a sorted
-    search, not bincount, whose CUDA kernel reads the maximum on the host)."""
+    contiguous block, in token order (so every token's sum runs in expert order, as the reference's).
+    The groups' ends come from a sorted search, not bincount, whose CUDA kernel reads the maximum
+    on the host: nothing here syncs."""
     flat = experts.reshape(-1)
     sorted_ids, slots = torch.sort(flat, stable=True)
     bounds = torch.arange(1, num_experts + 1, device=flat.device, dtype=sorted_ids.dtype)
-    return slots, torch.searchsorted(sorted_ids, bounds).to(torch.int32)
+    ends = torch.searchsorted(sorted_ids, bounds).to(torch.int32)
+    return ExpertGroups(torch.div(slots, experts.shape[1], rounding_mode="floor"), slots, ends)
 
 
 def runs_grouped(*weights: torch.Tensor) -> bool:
@@ -144,15 +142,14 @@ class StackedExperts(nn.Module):
 
     def forward_grouped(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
         """Every expert's MLP on its group in two grouped products, the groups' ends on the device."""
-        slots, ends = group_ends(routing.experts, self.num_experts)
-        tokens = torch.div(slots, routing.experts.shape[1], rounding_mode="floor")
-        rows = x.index_select(0, tokens)
-        gate_up = torch._grouped_mm(rows, self.gate_up_proj.transpose(1, 2), offs=ends)
-        out = torch._grouped_mm(self.act(self.grouped_bias(gate_up, "gate_up_proj_bias", slots, routing)),
-                                self.down_proj.transpose(1, 2), offs=ends)
-        out = self.grouped_bias(out, "down_proj_bias", slots, routing)
-        out.mul_(routing.weights.reshape(-1).index_select(0, slots)[:, None])
-        return torch.zeros_like(x).index_add_(0, tokens, out)
+        groups = group_by_expert(routing.experts, self.num_experts)
+        rows = x.index_select(0, groups.tokens)
+        gate_up = torch._grouped_mm(rows, self.gate_up_proj.transpose(1, 2), offs=groups.ends)
+        out = torch._grouped_mm(self.act(self.grouped_bias(gate_up, "gate_up_proj_bias", groups.slots, routing)),
+                                self.down_proj.transpose(1, 2), offs=groups.ends)
+        out = self.grouped_bias(out, "down_proj_bias", groups.slots, routing)
+        out.mul_(routing.weights.reshape(-1).index_select(0, groups.slots)[:, None])
+        return torch.zeros_like(x).index_add_(0, groups.tokens, out)
 
     def grouped_bias(self, out: torch.Tensor, name: str, slots: torch.Tensor, routing: Routing) -> torch.Tensor:
         """Adds each row's expert's bias where the stack has one (gpt-oss's BiasedExperts)."""
