@@ -90,7 +90,8 @@ class Engine:
             prefix_cache=a.enable_prefix_cache, kv_host_tier_tokens=a.kv_host_tier_tokens or 0,
             kv_host_tier_gib=a.kv_host_tier_gib, kv_disk_dir=a.kv_disk_dir, kv_disk_gib=a.kv_disk_gib,
             kv_host_tier_dtype=a.kv_host_tier_dtype, kv_tier_copy=a.kv_tier_copy, cpu_threads=a.num_threads,
-            adapt_cpu_threads=a.adapt_cpu_threads, enable_lora=a.lora_on, int8_activations=a.int8_activations),
+            adapt_cpu_threads=a.adapt_cpu_threads, enable_lora=a.lora_on, int8_activations=a.int8_activations,
+            exact_activations=a.exact_activations),
             config)
         self.device = self.runner.device
         self.context_len = self.runner.context_len

@@ -42,6 +42,7 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "activations16.h"
 #include "group_scales.h"
 #include "int4_blocks.h"
 #include "row_count.h"
@@ -91,6 +92,8 @@ struct Activations {
                                // 2i + 1 (without AVX-512: [M, k] in order, for the portable loop)
   std::vector<uint16_t> bf16;  // [M, k] bf16 bits: per tile and i, each group's activations 2i, 2i + 1
   std::vector<float> sums;     // [M, groups] each group's sum
+  std::vector<int16_t> x16;    // [M, k] rounded to int16 a group at a time (activations16.h), in bf16's order
+  std::vector<float> x16_scales;  // [M, groups] their scales
   bool prefetch = false;       // the weight stream prefetched by hand (weight_prefetch.h)
 };
 
@@ -134,8 +137,10 @@ struct RowConstants {
   }
 #endif
 
+  // `integer`: the constant of dot_tiles16's integer loop, sum_g low_g * sum_g(x) (no 128 trick).
   void load(const radixserve::GroupScales& scales, const radixserve::GroupScales& lows, int64_t j,
-            const Activations& a) {
+            const Activations& a, bool integer) {
+    const float shift = integer ? 0.f : 128.f;
     const int64_t groups = a.groups;
     scales.expand(j, R, scale.data());  // rows j.. are contiguous
     lows.expand(j, R, low.data());
@@ -148,7 +153,7 @@ struct RowConstants {
         const __mmask16 mask = groups - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (groups - g)) - 1);
         const __m512 sv = _mm512_maskz_loadu_ps(mask, scale.data() + r * groups + g);
         const __m512 lv = _mm512_maskz_loadu_ps(mask, low.data() + r * groups + g);
-        const __m512 adjusted = _mm512_fnmadd_ps(_mm512_set1_ps(128.f), sv, lv);
+        const __m512 adjusted = _mm512_fnmadd_ps(_mm512_set1_ps(shift), sv, lv);
         RADIXSERVE_UNROLL
         for (int m = 0; m < M; ++m)
           rest[r][m] = _mm512_fmadd_ps(adjusted, _mm512_maskz_loadu_ps(mask, a.sums.data() + m * groups + g),
@@ -161,11 +166,32 @@ struct RowConstants {
         const float* s = scale.data() + r * groups;
         const float* l = low.data() + r * groups;
         const float* xs = a.sums.data() + m * groups;
+        int64_t g = 0;
         float sum = 0.f;
-        for (int64_t g = 0; g < groups; ++g) sum = std::fma(std::fma(-128.f, s[g], l[g]), xs[g], sum);
+#if defined(__AVX2__) && defined(__FMA__)
+        // in 8 lanes: one chain of scalar multiply-adds a row waited 4 cycles a group, as long as
+        // the loop over the row's codes took (a 3584-wide row: half of its time, 2-core Zen 3)
+        __m256 lanes = _mm256_setzero_ps();
+        for (; g + 8 <= groups; g += 8)
+          lanes = _mm256_fmadd_ps(_mm256_fnmadd_ps(_mm256_set1_ps(shift), _mm256_loadu_ps(s + g), _mm256_loadu_ps(l + g)),
+                                  _mm256_loadu_ps(xs + g), lanes);
+        const __m128 half = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1));
+        const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
+        sum = _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+#endif
+        for (; g < groups; ++g) sum = std::fma(std::fma(-shift, s[g], l[g]), xs[g], sum);
         rest[r][m] = sum;
       }
     }
+#endif
+  }
+
+  // rest[r][m] as one number
+  float rest_of(int r, int m) const {
+#if RADIXSERVE_INT4_AVX512
+    return _mm512_reduce_add_ps(rest[r][m]);
+#else
+    return rest[r][m];
 #endif
   }
 };
@@ -410,6 +436,118 @@ void dot_tiles_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, in
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__)
+// dot_tiles16's half of a tile (G groups, G <= 8 lanes of 32 bits: 8 of a full tile's 16, or a
+// small tile's 4, whose upper lanes load as 0) for R weight rows, into the rows' accumulators.
+template <int M, int R, int G>
+inline void half_tile16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j, const Activations& a,
+                        const Tile& tile, int h, __m256 (&acc)[R][M]) {
+  const int64_t k = a.k, groups = a.groups;
+  constexpr int64_t TG = G == 8 ? kTileGroups : kSmallGroups;  // the tile's groups
+  // Addresses as constant offsets from two bases (block_at and register_at per row and register
+  // were a signed division and a dozen integer instructions each, as many as the vector work):
+  // rows j.. share a quad (R divides 4 and j is a multiple of R), block b of its row j + r lies
+  // (4b + r) * 64 bytes past the quad's; register v of a full tile is block v, of a small one
+  // 16 bytes v within block 0.
+  const uint8_t* quad = w + (j / kQuad) * kQuad * (k / 2) + (j % kQuad) * 64 + (tile.group0 / 4) * kQuad * 64 + 32 * h;
+  const int16_t* xt = a.x16.data() + tile.group0 * kGroup + 16 * h;
+  const __m256i nibble = _mm256_set1_epi16(0x000F);
+  const auto load = [](const void* p) {
+    if constexpr (G == 8)
+      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    else
+      return _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  };
+  const auto floats_at = [](const float* p) {
+    if constexpr (G == 8)
+      return _mm256_loadu_ps(p);
+    else
+      return _mm256_zextps128_ps256(_mm_loadu_ps(p));
+  };
+  __m256i tacc[R][M];
+  zero(tacc);
+  RADIXSERVE_UNROLL
+  for (int v = 0; v < 4; ++v) {
+    __m256i words[R];
+    RADIXSERVE_UNROLL
+    for (int r = 0; r < R; ++r) words[r] = load(quad + (G == 8 ? (v * kQuad + r) * 64 : r * 64 + 16 * v));
+    RADIXSERVE_UNROLL
+    for (int t = 0; t < 4; ++t) {
+      __m256i xs[M];
+      RADIXSERVE_UNROLL
+      for (int m = 0; m < M; ++m) xs[m] = load(xt + m * k + (4 * v + t) * 2 * TG);
+      RADIXSERVE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m256i codes = _mm256_and_si256(_mm256_srli_epi16(words[r], 4 * t), nibble);
+        RADIXSERVE_UNROLL
+        for (int m = 0; m < M; ++m) tacc[r][m] = _mm256_add_epi32(tacc[r][m], _mm256_madd_epi16(codes, xs[m]));
+      }
+    }
+  }
+  const int64_t g0 = tile.group0 + 8 * h;
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r) {
+    const __m256 sv = floats_at(c.scale.data() + r * groups + g0);
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m)
+      acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tacc[r][m]),
+                                  _mm256_mul_ps(sv, floats_at(a.x16_scales.data() + m * groups + g0)), acc[r][m]);
+  }
+}
+#endif
+
+// R weight rows from j against M activation rows rounded to int16 (`--int16-activations`' loop,
+// the default on CPUs without AVX-512; activations16.h): the tiles' words shifted right by 4t and
+// masked are two codes of each group in 16-bit lanes, one vpmaddwd multiplies them by the
+// activations in the same order (Activations::x16, bf16's) and sums each group's pair into its own
+// 32-bit lane, exactly; 16 of them (4 registers, 4 nibbles) sum a group's 32 codes, which then
+// meet the weights' scale times the activations' once. No 128 trick: integers need no float
+// bits, so w . x = sum_g scale_g xscale_g sum(q x16) + sum_g low_g sum_g(x), the second in float32
+// over the exact activations. Four instructions for 16 codes and a row against the float loop's
+// eight (its shifts, masks, ors and two multiply-adds).
+template <int M, int R, bool Prefetch, typename O>
+void dot_tiles16(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t j, const Activations& a, O* out) {
+  const int64_t k = a.k, groups = a.groups;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 acc[R][M];
+  zero(acc);
+  for (int64_t ti = 0, tiles = tile_count(groups); ti < tiles; ++ti) {
+    const Tile tile = tile_of(groups, ti);
+    if constexpr (Prefetch) radixserve::prefetch_ahead<4 * R>(block_at(w, k, j, tile.group0 / 4));
+    if (tile.groups == kTileGroups) {
+      half_tile16<M, R, 8>(w, c, j, a, tile, 0, acc);
+      half_tile16<M, R, 8>(w, c, j, a, tile, 1, acc);
+    } else {
+      half_tile16<M, R, 4>(w, c, j, a, tile, 0, acc);
+    }
+  }
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r)
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m) {
+      const __m128 half = _mm_add_ps(_mm256_castps256_ps128(acc[r][m]), _mm256_extractf128_ps(acc[r][m], 1));
+      const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
+      out[m * n + j + r] = static_cast<O>(_mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair))) + c.rest_of(r, m));
+    }
+#else
+  for (int r = 0; r < R; ++r) {
+    float acc[M] = {};
+    for (int64_t g = 0; g < groups; ++g) {
+      int32_t part[M] = {};
+      for (int cc = 0; cc < kGroup; ++cc) {
+        const CodeAt at = code_at(groups, g, cc);
+        const uint8_t* word = block_at(w, k, j + r, at.block) + 2 * at.word;
+        const int32_t q = ((word[0] | (word[1] << 8)) >> (4 * at.nibble)) & 0x0F;
+        for (int m = 0; m < M; ++m) part[m] += q * a.x16[m * k + bf16_at(groups, g, cc)];
+      }
+      for (int m = 0; m < M; ++m)
+        acc[m] = std::fma(static_cast<float>(part[m]), c.scale[r * groups + g] * a.x16_scales[m * groups + g], acc[m]);
+    }
+    for (int m = 0; m < M; ++m) out[m * n + j + r] = static_cast<O>(acc[m] + c.rest_of(r, m));
+  }
+#endif
+}
+
 // Weight-row quads [begin, end), R rows at a time: each (row, activation row) pair holds two
 // accumulators, the tile's (in registers: every dot product adds to it) and the row's (touched once
 // a tile, so left to spill where the registers run out). A pass rereads the activations, so fewer
@@ -422,7 +560,14 @@ void dot_quads(const uint8_t* w, const radixserve::GroupScales& scales, const ra
   constexpr int R = RADIXSERVE_INT4_AVX2 ? (M == 1 ? 4 : M == 2 ? 2 : 1) : (M <= 4 ? 4 : 2);
   RowConstants<M, R> c(a.groups);
   for (int64_t j = begin * kQuad; j < end * kQuad; j += R) {
-    c.load(scales, lows, j, a);
+    c.load(scales, lows, j, a, !a.x16.empty());
+    if (!a.x16.empty()) {
+      if (a.prefetch)
+        dot_tiles16<M, R, true>(w, c, n, j, a, out);
+      else
+        dot_tiles16<M, R, false>(w, c, n, j, a, out);
+      continue;
+    }
 #if RADIXSERVE_INT4_BF16
     if (bf16) {
       if (a.prefetch)  // a template argument: the loop without it is the very same code
@@ -461,13 +606,14 @@ uint16_t bf16_bits(T v) {
 // x [rows, K] @ (scales * q + lows).T -> [rows, N] in x's dtype; scales and lows [N, K / 32] in one
 // of group_scales.h's forms (int8 codes with their steps).
 at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& lows,
-                     const std::optional<at::Tensor>& scale_steps, const std::optional<at::Tensor>& low_steps) {
+                     const std::optional<at::Tensor>& scale_steps, const std::optional<at::Tensor>& low_steps,
+                     bool int16_activations) {
   check(x, w);
   const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
   const auto sg = radixserve::GroupScales::of(scales, scale_steps, n, k / kGroup, "int4_gemv");
   const auto lg = radixserve::GroupScales::of(lows, low_steps, n, k / kGroup, "int4_gemv lows");
 #if RADIXSERVE_INT4_BF16
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const bool bf16 = !int16_activations && x.scalar_type() == at::kBFloat16;
 #else
   const bool bf16 = false;
 #endif
@@ -475,7 +621,7 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   a.k = k;
   a.groups = k / kGroup;
   a.sums.assign(rows * a.groups, 0.f);
-  a.paired.resize(bf16 ? 0 : rows * k);
+  a.paired.resize(bf16 || int16_activations ? 0 : rows * k);
   a.bf16.resize(bf16 ? rows * k : 0);
   a.prefetch = radixserve::activations_spill(rows * k * (bf16 ? 2 : 4));
   at::Tensor out = at::empty({rows, n}, x.options());
@@ -491,6 +637,27 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   };
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int4_gemv", [&] {
     const scalar_t* xs = x.data_ptr<scalar_t>();
+    if (int16_activations) {
+      // each row rounded a group at a time, then its codes moved to the tiles' order (bf16's)
+      a.x16.resize(rows * k);
+      a.x16_scales.resize(rows * a.groups);
+      std::vector<float> row(k);
+      std::vector<int16_t> codes(k);
+      for (int64_t m = 0; m < rows; ++m) {
+        for (int64_t i = 0; i < k; ++i) row[i] = static_cast<float>(xs[m * x.stride(0) + i * x.stride(1)]);
+        for (int64_t g = 0; g < a.groups; ++g) {
+          float sum = 0.f;
+          for (int64_t i = g * kGroup; i < (g + 1) * kGroup; ++i) sum += row[i];
+          a.sums[m * a.groups + g] = sum;
+        }
+        radixserve::round_to_int16(row.data(), k, kGroup, codes.data(), a.x16_scales.data() + m * a.groups);
+        for (int64_t g = 0; g < a.groups; ++g)
+          for (int cc = 0; cc < kGroup; ++cc) a.x16[m * k + bf16_at(a.groups, g, cc)] = codes[g * kGroup + cc];
+      }
+      a.prefetch = radixserve::activations_spill(rows * k * 2);
+      run(out.data_ptr<scalar_t>());
+      return;
+    }
 #if RADIXSERVE_INT4_BF16
     if (bf16 && x.stride(1) == 1) {  // the decode step's case, vectorized: the scalar loop below
       // took 60 us a call for one 18944-wide row and 460 for eight, a few percent of a step
@@ -537,10 +704,16 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 // right but slow).
 bool int4_gemv_fast() { return RADIXSERVE_INT4_AVX512 != 0 || RADIXSERVE_INT4_AVX2 != 0; }
 
+// Whether callers round the activations to int16 by default here (dot_tiles16): on AVX2 without
+// AVX-512, where the float loop's instructions, not memory, bound one row.
+bool int4_gemv_int16_default() { return RADIXSERVE_INT4_AVX2 != 0; }
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
-  m.def("int4_gemv(Tensor x, Tensor w, Tensor scales, Tensor lows, Tensor? scale_steps=None, Tensor? low_steps=None) -> Tensor",
+  m.def("int4_gemv(Tensor x, Tensor w, Tensor scales, Tensor lows, Tensor? scale_steps=None, Tensor? low_steps=None, "
+        "bool int16_activations=False) -> Tensor",
         int4_gemv);
   m.def("int4_gemv_fast() -> bool", int4_gemv_fast);
+  m.def("int4_gemv_int16_default() -> bool", int4_gemv_int16_default);
 }

@@ -166,19 +166,31 @@ def merge_parts(parts: list[Groups | torch.Tensor]) -> list[Groups | torch.Tenso
     return merged
 
 
-def round_activations_to_int8(model: nn.Module) -> int:
-    """`--int8-activations`: every Int4Blocks of the model's block layers and experts that can
-    (k-quant scales, a VNNI CPU) sums bf16 activations rounded to int8; returns how many."""
+def int4_parts(model: nn.Module) -> list[Int4Blocks]:
+    """Every Int4Blocks of the model's block layers and experts."""
     from runtime.cpu.block_experts import BlockExperts  # it imports this module
 
     layers = [m for m in model.modules() if isinstance(m, BlockLinear)]
     layers += [layer for m in model.modules() if isinstance(m, BlockExperts) for layer in (*m.gate_up, *m.down)]
-    count = 0
-    for part in (p for layer in layers for p in layer.parts):
-        if isinstance(part, Int4Blocks) and part.sums_in_integers():
-            part.int8_activations = True
-            count += 1
-    return count
+    return [p for layer in layers for p in layer.parts if isinstance(p, Int4Blocks)]
+
+
+def round_activations_to_int8(model: nn.Module) -> int:
+    """`--int8-activations`: every Int4Blocks of the model that can (k-quant scales, a VNNI CPU)
+    sums bf16 activations rounded to int8; returns how many."""
+    parts = [p for p in int4_parts(model) if p.sums_in_integers()]
+    for part in parts:
+        part.int8_activations = True
+    return len(parts)
+
+
+def keep_activations_exact(model: nn.Module) -> int:
+    """`--exact-activations`: every Int4Blocks of the model takes float activations as they are, not
+    rounded to int16 (block_weights.int16_activations_default); returns how many."""
+    parts = int4_parts(model)
+    for part in parts:
+        part.int16_activations = False
+    return len(parts)
 
 
 def built_weights(store: BlockStore | None, key: str, shape: tuple[int, int],

@@ -24,6 +24,8 @@ byte a group times a float32 step a super-block (their own d times small integer
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable
 from typing import Protocol
 
@@ -163,6 +165,16 @@ class Q6Blocks:
         return _nbytes(self.packed, self.scales, self.steps)
 
 
+@functools.cache
+def int16_activations_default() -> bool:
+    """Whether the int4 kernel rounds one call's activations to int16 a group of 32 at a time by
+    default (kernels/csrc/activations16.h): on CPUs with AVX2 and no AVX-512, where its float loop
+    is bound by its instructions rather than memory. Its error, at most 1/65534 of a group's largest
+    activation, is far below the 4-bit weights' own."""
+    built = ops()
+    return built is not None and bool(built.int4_gemv_int16_default())  # type: ignore[union-attr]
+
+
 class Int4Blocks:
     """w[n, k] = scales[n, g] * q[n, k] + lows[n, g], g = k // 32, in int4_blocks.h's layout: blocks
     of 128 codes as 32 16-bit words in tiles of 16 groups, rows in quads."""
@@ -172,6 +184,7 @@ class Int4Blocks:
     row_multiple = 4  # dequantize() takes whole quads
     kernel_rows = 2 * FEW_ROWS  # two passes of the kernel beat dequantized slices up to here (block_linear.py)
     int8_activations = False  # set where sums_in_integers() (block_linear.round_activations_to_int8)
+    int16_activations: bool | None = None  # None: int16_activations_default(); False: `--exact-activations`
 
     def __init__(self, groups: Int4Groups | PackedInt4Groups) -> None:
         n, k = groups.shape
@@ -198,7 +211,8 @@ class Int4Blocks:
     def few(self, x: torch.Tensor) -> torch.Tensor:
         if self.int8_activations and x.dtype == torch.bfloat16:
             return ops().int4_gemv_q8(x, self.packed, self.scales, self.scale_steps, self.lows, self.low_steps)  # type: ignore[union-attr]
-        return ops().int4_gemv(x, self.packed, self.scales, self.lows, self.scale_steps, self.low_steps)  # type: ignore[union-attr]
+        int16 = int16_activations_default() if self.int16_activations is None else self.int16_activations
+        return ops().int4_gemv(x, self.packed, self.scales, self.lows, self.scale_steps, self.low_steps, int16)  # type: ignore[union-attr]
 
     def sums_in_integers(self) -> bool:
         """Whether bf16 products can round the activations to int8 and sum in integers

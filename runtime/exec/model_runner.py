@@ -101,6 +101,7 @@ class RunnerConfig:
     adapt_cpu_threads: bool = True  # fewer threads while other processes hold cores (runtime/cpu/thread_budget.py)
     enable_lora: bool = False  # LoRA adapters around the projections (runtime/lora/apply.py)
     int8_activations: bool = False  # a GGUF's Q4_K layers sum bf16 activations rounded to int8 (block_linear.py)
+    exact_activations: bool = False  # no int16 rounding of the int4 kernel's activations (block_weights.py)
 
 
 class ModelRunner:
@@ -121,6 +122,10 @@ class ModelRunner:
 
             logger.info("gguf: %d Q4_K layers sum int8 activations (--int8-activations)",
                         round_activations_to_int8(self.model))
+        if cfg.exact_activations and self.quantization == "gguf":
+            from runtime.cpu.block_linear import keep_activations_exact
+
+            keep_activations_exact(self.model)
         # What adapters may adapt, noted before cpu.prepare swaps layers (a GGUF's block layers are in
         # place already; find_targets reads any kind); wrapped below, around whatever kind is there then.
         self.lora_targets: dict[str, Target] | None = find_targets(self.model) if cfg.enable_lora else None

@@ -74,6 +74,37 @@ def test_a_row_gives_the_same_bits_alone_and_in_a_batch() -> None:
         assert torch.equal(ops().int4_gemv(x[i:i + 1], codes, scales, lows)[0], together[i])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("k", [384, 1152])
+def test_int16_activations_err_by_at_most_their_rounding(dtype: torch.dtype, rows: int, k: int) -> None:
+    """The integer loop (kernels/csrc/activations16.h, the default where int4_gemv_int16_default()):
+    each group of 32 activations rounded to int16 against its largest, so every product errs by at
+    most |w| * max|x_g| / 65534; summed, well under 1e-4 of the result's largest here."""
+    n = 72
+    q, scales, lows, exact = weights(n, k, seed=rows)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(11)).to(dtype)
+    out = ops().int4_gemv(x, pack_blocks(q), scales, lows, None, None, True)
+    assert out.dtype == dtype and out.shape == (rows, n)
+    want = x.double() @ exact.t()
+    bound = (exact.abs() @ x.double().abs().reshape(rows, k // 32, 32).amax(-1).repeat_interleave(32, 1).t()).t() / 65534
+    slack = 0 if dtype == torch.float32 else 8e-3 * want.abs().max().item()  # bf16's rounding of the result
+    assert ((out.double() - want).abs() <= bound + 1e-6 * want.abs().max().item() + slack).all()
+    if dtype == torch.float32:  # another loop (bf16's rounding of the result may hide it)
+        assert not torch.equal(out, ops().int4_gemv(x, pack_blocks(q), scales, lows))
+
+
+def test_int16_activations_a_row_the_same_alone_and_in_a_batch_and_zero_rows_are_zero() -> None:
+    q, scales, lows, exact = weights(64, 640, seed=4)
+    codes = pack_blocks(q)
+    x = torch.randn(8, 640)
+    x[3] = 0  # a row of zeros: scale 0, codes 0, only the lows' term (0) left
+    together = ops().int4_gemv(x, codes, scales, lows, None, None, True)
+    for i in range(8):
+        assert torch.equal(ops().int4_gemv(x[i:i + 1], codes, scales, lows, None, None, True)[0], together[i])
+    assert torch.equal(together[3], torch.zeros(64))
+
+
 def test_strided_rows() -> None:
     q, scales, lows, exact = weights(16, 128)
     x = torch.randn(2, 256)[:, ::2]  # not contiguous: read with its strides

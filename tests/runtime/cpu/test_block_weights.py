@@ -11,8 +11,9 @@ import torch
 
 from kernels.cpu_ops import ops
 from runtime.cpu import block_linear
-from runtime.cpu.block_linear import BlockEmbedding, BlockLinear, block_product
-from runtime.cpu.block_weights import DenseBlocks, Int4Blocks, Int8Blocks, TorchInt4Blocks, block_weight
+from runtime.cpu.block_linear import BlockEmbedding, BlockLinear, block_product, keep_activations_exact
+from runtime.cpu.block_weights import (DenseBlocks, Int4Blocks, Int8Blocks, TorchInt4Blocks, block_weight,
+                                       int16_activations_default)
 from runtime.loading.gguf_groups import Int4Groups
 from runtime.loading.gguf_int8_groups import Int8Groups
 
@@ -40,8 +41,10 @@ def kinds() -> list[tuple[str, object]]:
                                      ("int8 g16 f32", Int8Blocks(int8_groups(16, torch.float32))),
                                      ("dense", DenseBlocks(int4_groups().dequantize()))]
     if Int4Blocks.fits((N, K)):
-        out.append(("int4 avx-512 f16", Int4Blocks(int4_groups())))
-        out.append(("int4 avx-512 f32", Int4Blocks(int4_groups(half=False))))
+        for name, half in (("int4 avx-512 f16", True), ("int4 avx-512 f32", False), ("int4 int16 f32", False)):
+            weight = Int4Blocks(int4_groups(half=half))
+            weight.int16_activations = "int16" in name  # both loops on any kind, whatever the default here
+            out.append((name, weight))
     out.append(("int4 torch", TorchInt4Blocks(int4_groups())))
     return out
 
@@ -61,7 +64,8 @@ def reference(weight: object) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_every_kind_is_the_weights_its_codes_stand_for(name: str, weight: object, dtype: torch.dtype) -> None:
     exact = reference(weight)
-    tolerance = 1e-5 if dtype == torch.float32 and "torch" not in name else 1e-2  # torch's int4 kernel is bf16
+    # torch's int4 kernel is bf16; int16 activations err by up to 1/65534 of a group's largest
+    tolerance = 1e-2 if dtype != torch.float32 or "torch" in name else 1e-4 if "int16" in name else 1e-5
     for rows in (1, 3, 8, 20):
         x = torch.randn(rows, K).to(dtype)
         want = x.float() @ exact.t()
@@ -130,3 +134,20 @@ def test_codes_as_stored_repack_to_the_kernels_layout_in_one_pass() -> None:
     x = torch.randn(3, K)
     want = x @ groups.dequantize().t()
     assert (block_product(served, x) - want).norm() <= 1e-2 * want.norm()
+
+
+def test_int4_activations_int16_by_capability_and_exact_on_request() -> None:
+    """Q4_K layers round the activations to int16 where the CPU's float loop is instruction-bound
+    (AVX2 without AVX-512: int16_activations_default()); `--exact-activations` keeps them exact."""
+    if not Int4Blocks.fits((N, K)):
+        pytest.skip("no int4 kernel on this CPU kind")
+    weight = Int4Blocks(int4_groups(half=False))
+    model = torch.nn.Sequential(BlockLinear([weight], None))
+    x = torch.randn(3, K)
+
+    def kernel(int16: bool) -> torch.Tensor:
+        return ops().int4_gemv(x, weight.packed, weight.scales, weight.lows, weight.scale_steps, weight.low_steps, int16)
+
+    assert torch.equal(model(x), kernel(int16_activations_default()))
+    assert keep_activations_exact(model) == 1 and weight.int16_activations is False
+    assert torch.equal(model(x), kernel(False))
