@@ -473,15 +473,19 @@ inline void half_tile16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j
     for (int r = 0; r < R; ++r) words[r] = load(quad + (G == 8 ? (v * kQuad + r) * 64 : r * 64 + 16 * v));
     RADIXSERVE_UNROLL
     for (int t = 0; t < 4; ++t) {
-      __m256i xs[M];
-      RADIXSERVE_UNROLL
-      for (int m = 0; m < M; ++m) xs[m] = load(xt + m * k + (4 * v + t) * 2 * TG);
       RADIXSERVE_UNROLL
       for (int r = 0; r < R; ++r) {
         const __m256i codes = _mm256_and_si256(_mm256_srli_epi16(words[r], 4 * t), nibble);
         RADIXSERVE_UNROLL
-        for (int m = 0; m < M; ++m) tacc[r][m] = _mm256_add_epi32(tacc[r][m], _mm256_madd_epi16(codes, xs[m]));
+        for (int m = 0; m < M; ++m)
+          tacc[r][m] = _mm256_add_epi32(tacc[r][m], _mm256_madd_epi16(codes, load(xt + m * k + (4 * v + t) * 2 * TG)));
       }
+      // Each accumulator in a register here: left free, GCC reassociates the 16 integer sums into
+      // a tree whose partial sums spill to the stack (50-150 stores a half tile)
+      RADIXSERVE_UNROLL
+      for (int r = 0; r < R; ++r)
+        RADIXSERVE_UNROLL
+        for (int m = 0; m < M; ++m) __asm__("" : "+x"(tacc[r][m]));
     }
   }
   const int64_t g0 = tile.group0 + 8 * h;
