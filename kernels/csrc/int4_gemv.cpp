@@ -97,6 +97,13 @@ struct Activations {
   bool prefetch = false;       // the weight stream prefetched by hand (weight_prefetch.h)
 };
 
+// Code c of group g of weight row `row`, for the portable loops.
+inline int code_of(const uint8_t* w, int64_t k, int64_t row, int64_t groups, int64_t g, int c) {
+  const CodeAt at = code_at(groups, g, c);
+  const uint8_t* word = block_at(w, k, row, at.block) + 2 * at.word;
+  return ((word[0] | (word[1] << 8)) >> (4 * at.nibble)) & 0x0F;
+}
+
 // Where activation c of group g goes in a row of Activations::bf16 ...
 inline int64_t bf16_at(int64_t groups, int64_t g, int c) {
   const Tile tile = tile_holding(groups, g);
@@ -231,6 +238,69 @@ inline void scale_tile(const __m512 (&tacc)[R][M], const RowConstants<M, R>& c, 
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__)
+// AVX2's halves of a tile (G groups a half: 8 of a full tile's 16, or a small tile's 4, whose
+// upper lanes load as 0). Addresses are constant offsets from the half's base in the row quad
+// (block_at and register_at per row and register were a signed division and a dozen integer
+// instructions each, as many as the vector work): rows j.. share a quad (R divides 4 and j is a
+// multiple of R), block b of row j + r lies (4b + r) * 64 bytes past the quad's, and register v
+// of a full tile is block v, of a small one 16 bytes v within block 0.
+inline const uint8_t* half_base(const uint8_t* w, int64_t k, int64_t j, const Tile& tile, int h) {
+  return w + (j / kQuad) * kQuad * (k / 2) + (j % kQuad) * 64 + (tile.group0 / 4) * kQuad * 64 + 32 * h;
+}
+
+template <int G>
+constexpr int64_t half_register(int v, int r) {
+  return G == 8 ? (v * kQuad + r) * 64 : r * 64 + 16 * v;
+}
+
+template <int G>
+inline __m256i half_words(const void* p) {
+  if constexpr (G == 8)
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  else
+    return _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+template <int G>
+inline __m256 half_floats(const float* p) {
+  if constexpr (G == 8)
+    return _mm256_loadu_ps(p);
+  else
+    return _mm256_zextps128_ps256(_mm_loadu_ps(p));
+}
+
+// One pass of R weight rows in AVX2's halves of tiles: `half(G, tile, h, acc)` adds half h of
+// a tile (G groups a half: std::integral_constant 8, or 4 for a small tile) to the rows'
+// accumulators, whose lanes are then summed with the rows' constants into out[m * n + j + r].
+template <int M, int R, bool Prefetch, typename O, typename Half>
+inline void pass_in_halves(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t j, const Activations& a,
+                           O* out, Half half) {
+  const int64_t k = a.k, groups = a.groups;
+  __m256 acc[R][M];
+  zero(acc);
+  for (int64_t ti = 0, tiles = tile_count(groups); ti < tiles; ++ti) {
+    const Tile tile = tile_of(groups, ti);
+    if constexpr (Prefetch) radixserve::prefetch_ahead<4 * R>(block_at(w, k, j, tile.group0 / 4));
+    if (tile.groups == kTileGroups) {
+      half(std::integral_constant<int, 8>{}, tile, 0, acc);
+      half(std::integral_constant<int, 8>{}, tile, 1, acc);
+    } else {
+      half(std::integral_constant<int, 4>{}, tile, 0, acc);
+    }
+  }
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r)
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m) {
+      const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc[r][m]), _mm256_extractf128_ps(acc[r][m], 1));
+      const __m128 pair = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+      out[m * n + j + r] = static_cast<O>(_mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair))) + c.rest_of(r, m));
+    }
+}
+#endif
+
+
 #if RADIXSERVE_INT4_AVX2
 // AVX2's half of a tile (G groups, G <= 8 lanes of 32 bits: 8 of a full tile's 16, or a small
 // tile's 4) for R weight rows: the AVX-512 loop's arithmetic (the 128 trick, even and odd codes
@@ -240,26 +310,15 @@ inline void half_tile_avx2(const uint8_t* w, const RowConstants<M, R>& c, int64_
                            const Tile& tile, int h, __m256 (&acc)[R][M]) {
   const int64_t k = a.k, groups = a.groups;
   const __m256i nibble = _mm256_set1_epi32(0x000F0000), base = _mm256_set1_epi32(static_cast<int>(kBase));
-  // a small tile's 4 lanes load alone, the upper 4 as 0 (codes 128 against activations 0)
-  const auto words_at = [](const uint8_t* p) {
-    if constexpr (G == 8)
-      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    else
-      return _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  };
-  const auto floats_at = [](const float* p) {
-    if constexpr (G == 8)
-      return _mm256_loadu_ps(p);
-    else
-      return _mm256_zextps128_ps256(_mm_loadu_ps(p));
-  };
+  // a small tile's upper 4 lanes load as 0 (codes 128 against activations 0)
+  const uint8_t* base_h = half_base(w, k, j, tile, h);
   __m256 tacc[R][M];
   zero(tacc);
   RADIXSERVE_UNROLL
   for (int v = 0; v < 4; ++v) {
     __m256i words[R];
     RADIXSERVE_UNROLL
-    for (int r = 0; r < R; ++r) words[r] = words_at(register_at(w, k, j + r, tile, v) + 32 * h);
+    for (int r = 0; r < R; ++r) words[r] = half_words<G>(base_h + half_register<G>(v, r));
     RADIXSERVE_UNROLL
     for (int t = 0; t < 4; ++t) {
       const int64_t at = tile.group0 * kGroup + (4 * v + t) * 2 * tile.groups + 8 * h;
@@ -272,14 +331,14 @@ inline void half_tile_avx2(const uint8_t* w, const RowConstants<M, R>& c, int64_
         RADIXSERVE_UNROLL
         for (int m = 0; m < M; ++m) {
           const float* xt = a.paired.data() + m * k + at;
-          tacc[r][m] = _mm256_fmadd_ps(odd, floats_at(xt + tile.groups), _mm256_fmadd_ps(even, floats_at(xt), tacc[r][m]));
+          tacc[r][m] = _mm256_fmadd_ps(odd, half_floats<G>(xt + tile.groups), _mm256_fmadd_ps(even, half_floats<G>(xt), tacc[r][m]));
         }
       }
     }
   }
   RADIXSERVE_UNROLL
   for (int r = 0; r < R; ++r) {
-    const __m256 sv = floats_at(c.scale.data() + r * groups + tile.group0 + 8 * h);
+    const __m256 sv = half_floats<G>(c.scale.data() + r * groups + tile.group0 + 8 * h);
     RADIXSERVE_UNROLL
     for (int m = 0; m < M; ++m) acc[r][m] = _mm256_fmadd_ps(tacc[r][m], sv, acc[r][m]);
   }
@@ -291,7 +350,7 @@ inline void half_tile_avx2(const uint8_t* w, const RowConstants<M, R>& c, int64_
 // row's sum is a chain of dependent multiply-adds, and a single chain waits on its own latency.
 template <int M, int R, bool Prefetch, typename O>
 void dot_tiles(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t j, const Activations& a, O* out) {
-  const int64_t k = a.k, groups = a.groups;
+  [[maybe_unused]] const int64_t k = a.k, groups = a.groups;
 #if RADIXSERVE_INT4_AVX512
   // 32-bit lane L of a register: words 2L (code 2i of group L, in its low half) and 2L + 1 (code
   // 2i + 1, high half); nibble t of either moved to bits 16..19 and or-ed with 128's float bits
@@ -331,26 +390,9 @@ void dot_tiles(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t
   }
   finish<M, R>(acc, n, j, out);
 #elif RADIXSERVE_INT4_AVX2
-  __m256 acc[R][M];
-  zero(acc);
-  for (int64_t ti = 0, tiles = tile_count(groups); ti < tiles; ++ti) {
-    const Tile tile = tile_of(groups, ti);
-    if constexpr (Prefetch) radixserve::prefetch_ahead<4 * R>(block_at(w, k, j, tile.group0 / 4));
-    if (tile.groups == kTileGroups) {
-      half_tile_avx2<M, R, 8>(w, c, j, a, tile, 0, acc);
-      half_tile_avx2<M, R, 8>(w, c, j, a, tile, 1, acc);
-    } else {
-      half_tile_avx2<M, R, 4>(w, c, j, a, tile, 0, acc);
-    }
-  }
-  RADIXSERVE_UNROLL
-  for (int r = 0; r < R; ++r)
-    RADIXSERVE_UNROLL
-    for (int m = 0; m < M; ++m) {
-      const __m128 half = _mm_add_ps(_mm256_castps256_ps128(acc[r][m]), _mm256_extractf128_ps(acc[r][m], 1));
-      const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
-      out[m * n + j + r] = static_cast<O>(_mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair))) + c.rest[r][m]);
-    }
+  pass_in_halves<M, R, Prefetch>(w, c, n, j, a, out, [&](auto g, const Tile& tile, int h, __m256(&acc)[R][M]) {
+    half_tile_avx2<M, R, decltype(g)::value>(w, c, j, a, tile, h, acc);
+  });
 #else
   // Explicit fused multiply-adds: left to the compiler, whether a*b+c is fused can differ between
   // row counts (vectorized across rows or not), and a row's bits would depend on its batch.
@@ -359,10 +401,7 @@ void dot_tiles(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t
     for (int64_t g = 0; g < groups; ++g) {
       float part[M] = {};
       for (int cc = 0; cc < kGroup; ++cc) {
-        const CodeAt at = code_at(groups, g, cc);
-        const uint8_t* word = block_at(w, k, j + r, at.block) + 2 * at.word;
-        const uint16_t bits = static_cast<uint16_t>(word[0] | (word[1] << 8));
-        const float q = 128.f + static_cast<float>((bits >> (4 * at.nibble)) & 0x0F);
+        const float q = 128.f + static_cast<float>(code_of(w, k, j + r, groups, g, cc));
         for (int m = 0; m < M; ++m) part[m] = std::fma(q, a.paired[m * k + g * kGroup + cc], part[m]);
       }
       for (int m = 0; m < M; ++m) acc[m] = std::fma(part[m], c.scale[r * groups + g], acc[m]);
@@ -444,33 +483,16 @@ inline void half_tile16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j
                         const Tile& tile, int h, __m256 (&acc)[R][M]) {
   const int64_t k = a.k, groups = a.groups;
   constexpr int64_t TG = G == 8 ? kTileGroups : kSmallGroups;  // the tile's groups
-  // Addresses as constant offsets from two bases (block_at and register_at per row and register
-  // were a signed division and a dozen integer instructions each, as many as the vector work):
-  // rows j.. share a quad (R divides 4 and j is a multiple of R), block b of its row j + r lies
-  // (4b + r) * 64 bytes past the quad's; register v of a full tile is block v, of a small one
-  // 16 bytes v within block 0.
-  const uint8_t* quad = w + (j / kQuad) * kQuad * (k / 2) + (j % kQuad) * 64 + (tile.group0 / 4) * kQuad * 64 + 32 * h;
+  const uint8_t* base_h = half_base(w, k, j, tile, h);
   const int16_t* xt = a.x16.data() + tile.group0 * kGroup + 16 * h;
   const __m256i nibble = _mm256_set1_epi16(0x000F);
-  const auto load = [](const void* p) {
-    if constexpr (G == 8)
-      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    else
-      return _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  };
-  const auto floats_at = [](const float* p) {
-    if constexpr (G == 8)
-      return _mm256_loadu_ps(p);
-    else
-      return _mm256_zextps128_ps256(_mm_loadu_ps(p));
-  };
   __m256i tacc[R][M];
   zero(tacc);
   RADIXSERVE_UNROLL
   for (int v = 0; v < 4; ++v) {
     __m256i words[R];
     RADIXSERVE_UNROLL
-    for (int r = 0; r < R; ++r) words[r] = load(quad + (G == 8 ? (v * kQuad + r) * 64 : r * 64 + 16 * v));
+    for (int r = 0; r < R; ++r) words[r] = half_words<G>(base_h + half_register<G>(v, r));
     RADIXSERVE_UNROLL
     for (int t = 0; t < 4; ++t) {
       RADIXSERVE_UNROLL
@@ -478,7 +500,7 @@ inline void half_tile16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j
         const __m256i codes = _mm256_and_si256(_mm256_srli_epi16(words[r], 4 * t), nibble);
         RADIXSERVE_UNROLL
         for (int m = 0; m < M; ++m)
-          tacc[r][m] = _mm256_add_epi32(tacc[r][m], _mm256_madd_epi16(codes, load(xt + m * k + (4 * v + t) * 2 * TG)));
+          tacc[r][m] = _mm256_add_epi32(tacc[r][m], _mm256_madd_epi16(codes, half_words<G>(xt + m * k + (4 * v + t) * 2 * TG)));
       }
       // Each accumulator in a register here: left free, GCC reassociates the 16 integer sums into
       // a tree whose partial sums spill to the stack (50-150 stores a half tile)
@@ -491,11 +513,11 @@ inline void half_tile16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j
   const int64_t g0 = tile.group0 + 8 * h;
   RADIXSERVE_UNROLL
   for (int r = 0; r < R; ++r) {
-    const __m256 sv = floats_at(c.scale.data() + r * groups + g0);
+    const __m256 sv = half_floats<G>(c.scale.data() + r * groups + g0);
     RADIXSERVE_UNROLL
     for (int m = 0; m < M; ++m)
       acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tacc[r][m]),
-                                  _mm256_mul_ps(sv, floats_at(a.x16_scales.data() + m * groups + g0)), acc[r][m]);
+                                  _mm256_mul_ps(sv, half_floats<G>(a.x16_scales.data() + m * groups + g0)), acc[r][m]);
   }
 }
 #endif
@@ -511,37 +533,18 @@ inline void half_tile16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j
 // eight (its shifts, masks, ors and two multiply-adds).
 template <int M, int R, bool Prefetch, typename O>
 void dot_tiles16(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t j, const Activations& a, O* out) {
-  const int64_t k = a.k, groups = a.groups;
+  [[maybe_unused]] const int64_t k = a.k, groups = a.groups;
 #if defined(__AVX2__) && defined(__FMA__)
-  __m256 acc[R][M];
-  zero(acc);
-  for (int64_t ti = 0, tiles = tile_count(groups); ti < tiles; ++ti) {
-    const Tile tile = tile_of(groups, ti);
-    if constexpr (Prefetch) radixserve::prefetch_ahead<4 * R>(block_at(w, k, j, tile.group0 / 4));
-    if (tile.groups == kTileGroups) {
-      half_tile16<M, R, 8>(w, c, j, a, tile, 0, acc);
-      half_tile16<M, R, 8>(w, c, j, a, tile, 1, acc);
-    } else {
-      half_tile16<M, R, 4>(w, c, j, a, tile, 0, acc);
-    }
-  }
-  RADIXSERVE_UNROLL
-  for (int r = 0; r < R; ++r)
-    RADIXSERVE_UNROLL
-    for (int m = 0; m < M; ++m) {
-      const __m128 half = _mm_add_ps(_mm256_castps256_ps128(acc[r][m]), _mm256_extractf128_ps(acc[r][m], 1));
-      const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
-      out[m * n + j + r] = static_cast<O>(_mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair))) + c.rest_of(r, m));
-    }
+  pass_in_halves<M, R, Prefetch>(w, c, n, j, a, out, [&](auto g, const Tile& tile, int h, __m256(&acc)[R][M]) {
+    half_tile16<M, R, decltype(g)::value>(w, c, j, a, tile, h, acc);
+  });
 #else
   for (int r = 0; r < R; ++r) {
     float acc[M] = {};
     for (int64_t g = 0; g < groups; ++g) {
       int32_t part[M] = {};
       for (int cc = 0; cc < kGroup; ++cc) {
-        const CodeAt at = code_at(groups, g, cc);
-        const uint8_t* word = block_at(w, k, j + r, at.block) + 2 * at.word;
-        const int32_t q = ((word[0] | (word[1] << 8)) >> (4 * at.nibble)) & 0x0F;
+        const int32_t q = code_of(w, k, j + r, groups, g, cc);
         for (int m = 0; m < M; ++m) part[m] += q * a.x16[m * k + bf16_at(groups, g, cc)];
       }
       for (int m = 0; m < M; ++m)
