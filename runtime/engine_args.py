@@ -101,9 +101,9 @@ class EngineArgs:
                 "(AVX-512 VNNI; what llama.cpp does for every quantized product): faster decode steps, most of "
                 "all batched ones, but outputs move (docs/cpu.md). Default: off, the activations exact"})
     exact_activations: bool = field(default=False, metadata={
-        "help": "on a CPU with AVX2 and no AVX-512, a GGUF's Q4_K layers take the activations exact (float32 "
-                "products), not rounded to int16 per 32 (the default there: at most 1/65534 of each group's largest "
-                "activation, and faster one-stream decode; docs/cpu.md)"})
+        "help": "on a CPU with AVX2 and no AVX-512, a GGUF's quantized layers (Q4_K, Q8_0, Q5_0, Q6_K) take the "
+                "activations exact (float32 products), not rounded to int16 per group (the default there: at most "
+                "1/65534 of each group's largest activation, and faster one-stream decode; docs/cpu.md)"})
     adapt_cpu_threads: bool = field(default=True, metadata={
         "help": "on the CPU, compute with fewer threads while other processes keep some of the cores busy "
                 "(spinning threads that wait for a taken core stall every step)"})

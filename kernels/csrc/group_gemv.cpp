@@ -24,6 +24,7 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "activations16.h"
 #include "group_scales.h"
 #include "row_count.h"
 #include "weight_prefetch.h"
@@ -39,6 +40,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -48,6 +50,31 @@
 namespace {
 
 constexpr int64_t kMaxRows = 8;  // rows read with one pass over the weights
+
+#if defined(__AVX2__) && defined(__FMA__)
+// A weight row's groups in turn, A at a time into A accumulators (one_group(g, acc[a])), the
+// weights prefetched ahead; then each activation row's accumulators summed into out[m * n].
+template <int M, int A, typename OneGroup, typename O>
+inline void groups_in_turn(const int8_t* wj, int64_t groups, int64_t group, __m256 (&acc)[A][M], OneGroup&& one_group,
+                           O* out, int64_t n) {
+  int64_t g = 0;
+  for (; g + A <= groups; g += A) {
+    radixserve::prefetch_ahead<A * 32 / 64 + 1>(reinterpret_cast<const uint8_t*>(wj + g * group));
+    RADIXSERVE_GROUP_UNROLL
+    for (int a = 0; a < A; ++a) one_group(g + a, acc[a]);
+  }
+  for (; g < groups; ++g) one_group(g, acc[0]);
+  RADIXSERVE_GROUP_UNROLL
+  for (int m = 0; m < M; ++m) {
+    __m256 sum = acc[0][m];
+    RADIXSERVE_GROUP_UNROLL
+    for (int a = 1; a < A; ++a) sum = _mm256_add_ps(sum, acc[a][m]);
+    const __m128 half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+    const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    out[m * n] = static_cast<O>(_mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair))));
+  }
+}
+#endif
 
 // Weight rows [begin, end) against M float activation rows x [M, k], into out[m * n + j]
 // (rounded once, to the activations' dtype O).
@@ -137,22 +164,7 @@ void dot_rows(const int8_t* w, const radixserve::GroupScales& scales, int64_t n,
       for (int m = 0; m < M; ++m)
         into[m] = _mm256_fmadd_ps(kTwoChains ? _mm256_add_ps(even[m], odd[m]) : even[m], scale, into[m]);
     };
-    int64_t g = 0;
-    for (; g + A <= groups; g += A) {
-      radixserve::prefetch_ahead<A * 32 / 64 + 1>(reinterpret_cast<const uint8_t*>(wj + g * group));
-      RADIXSERVE_GROUP_UNROLL
-      for (int a = 0; a < A; ++a) one_group(g + a, acc[a]);
-    }
-    for (; g < groups; ++g) one_group(g, acc[0]);
-    RADIXSERVE_GROUP_UNROLL
-    for (int m = 0; m < M; ++m) {
-      __m256 sum = acc[0][m];
-      RADIXSERVE_GROUP_UNROLL
-      for (int a = 1; a < A; ++a) sum = _mm256_add_ps(sum, acc[a][m]);
-      const __m128 half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-      const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
-      out[m * n + j] = static_cast<O>(_mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair))));
-    }
+    groups_in_turn<M, A>(wj, groups, group, acc, one_group, out + j, n);
 #else
     for (int m = 0; m < M; ++m) {
       const float* xm = x + m * k;
@@ -162,6 +174,61 @@ void dot_rows(const int8_t* w, const radixserve::GroupScales& scales, int64_t n,
 #pragma omp simd reduction(+ : part)
         for (int64_t i = g * group; i < (g + 1) * group; ++i) part += static_cast<float>(wj[i]) * xm[i];
         acc += part * sj[g];
+      }
+      out[m * n + j] = static_cast<O>(acc);
+    }
+#endif
+  }
+}
+
+// The same rows against M activation rows rounded to int16 a group at a time (activations16.h):
+// x16 [M, k] codes, xs [M, groups] their scales. A group's products are summed in 32-bit
+// integers (one vpmaddwd multiplies 16 codes by 16 activations and adds them in pairs), then
+// scaled once, in float32, by the weights' scale times the activations'. Half the bytes of
+// activations to reread for every weight row, and about half the instructions a weight.
+template <int M, typename O>
+void dot_rows16(const int8_t* w, const radixserve::GroupScales& scales, int64_t n, int64_t k, int64_t group,
+                int64_t begin, int64_t end, const int16_t* x16, const float* xs, O* out) {
+  const int64_t groups = k / group;
+  std::vector<float> row_scales(groups), both(M * groups);  // both: weights' scale x activations'
+  for (int64_t j = begin; j < end; ++j) {
+    const int8_t* wj = w + j * k;
+    scales.expand(j, 1, row_scales.data());
+    for (int m = 0; m < M; ++m)
+      for (int64_t g = 0; g < groups; ++g) both[m * groups + g] = row_scales[g] * xs[m * groups + g];
+#if defined(__AVX2__) && defined(__FMA__)
+    // two float accumulators a row at any row count (the groups taken in turn): a row's bits are
+    // the same alone and in a batch; a group's integer work covers one multiply-add's latency
+    constexpr int A = 2;
+    __m256 acc[A][M];
+    RADIXSERVE_GROUP_UNROLL
+    for (int a = 0; a < A; ++a)
+      RADIXSERVE_GROUP_UNROLL
+      for (int m = 0; m < M; ++m) acc[a][m] = _mm256_setzero_ps();
+    const auto one_group = [&](int64_t g, __m256 (&into)[M]) {
+      __m256i sum[M];
+      RADIXSERVE_GROUP_UNROLL
+      for (int m = 0; m < M; ++m) sum[m] = _mm256_setzero_si256();
+      for (int64_t i = g * group; i < (g + 1) * group; i += 16) {
+        const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wj + i)));
+        RADIXSERVE_GROUP_UNROLL
+        for (int m = 0; m < M; ++m)
+          sum[m] = _mm256_add_epi32(sum[m], _mm256_madd_epi16(
+              wv, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x16 + m * k + i))));
+      }
+      RADIXSERVE_GROUP_UNROLL
+      for (int m = 0; m < M; ++m)
+        into[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m]), _mm256_broadcast_ss(both.data() + m * groups + g), into[m]);
+    };
+    groups_in_turn<M, A>(wj, groups, group, acc, one_group, out + j, n);
+#else
+    for (int m = 0; m < M; ++m) {
+      const int16_t* xm = x16 + m * k;
+      float acc = 0.f;
+      for (int64_t g = 0; g < groups; ++g) {
+        int32_t part = 0;
+        for (int64_t i = g * group; i < (g + 1) * group; ++i) part += int32_t{wj[i]} * int32_t{xm[i]};
+        acc = std::fma(static_cast<float>(part), both[m * groups + g], acc);
       }
       out[m * n + j] = static_cast<O>(acc);
     }
@@ -182,7 +249,7 @@ void check(const at::Tensor& x, const at::Tensor& w, int64_t group) {
 // x [rows, K] @ (scales * codes).T -> [rows, N] in x's dtype; scales [N, K / group] in one of
 // group_scales.h's forms (int8 codes with their steps).
 at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, int64_t group,
-                      const std::optional<at::Tensor>& scale_steps) {
+                      const std::optional<at::Tensor>& scale_steps, bool int16_activations) {
   check(x, w, group);
   const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
   const auto sg = radixserve::GroupScales::of(scales, scale_steps, n, k / group, "group_gemv");
@@ -201,6 +268,14 @@ at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor
       });
     });
   };
+  const auto run16 = [&](auto* op, const int16_t* x16, const float* xs) {
+    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+      radixserve::with_row_count(rows, [&](auto count) {
+        constexpr int M = decltype(count)::value;
+        dot_rows16<M>(wp, sg, n, k, group, begin, end, x16, xs, op);
+      });
+    });
+  };
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "group_gemv", [&] {
     const scalar_t* xs = x.data_ptr<scalar_t>();
     const int64_t step = x.stride(1);
@@ -211,6 +286,13 @@ at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor
         for (int64_t i = 0; i < k; ++i) dst[i] = static_cast<float>(row[i]);
       else
         for (int64_t i = 0; i < k; ++i) dst[i] = static_cast<float>(row[i * step]);
+    }
+    if (int16_activations) {
+      std::vector<int16_t> x16(rows * k);
+      std::vector<float> xs(rows * (k / group));
+      radixserve::round_to_int16(xf.data(), rows * k, group, x16.data(), xs.data());
+      run16(out.data_ptr<scalar_t>(), x16.data(), xs.data());
+      return;
     }
     run(out.data_ptr<scalar_t>());
   });
@@ -225,6 +307,7 @@ bool group_gemv_fast() { return RADIXSERVE_GROUP_SIMD != 0; }
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
-  m.def("group_gemv(Tensor x, Tensor w, Tensor scales, int group, Tensor? scale_steps=None) -> Tensor", group_gemv);
+  m.def("group_gemv(Tensor x, Tensor w, Tensor scales, int group, Tensor? scale_steps=None, bool int16_activations=False) -> Tensor",
+        group_gemv);
   m.def("group_gemv_fast() -> bool", group_gemv_fast);
 }

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from runtime.cpu.block_cache import BlockStore
-from runtime.cpu.block_weights import FEW_ROWS, BlockWeight, DenseBlocks, Int4Blocks, block_weight
+from runtime.cpu.block_weights import FEW_ROWS, BlockWeight, DenseBlocks, Int4Blocks, Int8Blocks, block_weight
 from runtime.cpu.kernel_linear import linear_kernel, packing_supported
 from runtime.layers.output_layer import OutputLayer
 from runtime.loading.gguf_groups import Int4Groups, PackedInt4Groups
@@ -166,28 +166,32 @@ def merge_parts(parts: list[Groups | torch.Tensor]) -> list[Groups | torch.Tenso
     return merged
 
 
-def int4_parts(model: nn.Module) -> list[Int4Blocks]:
-    """Every Int4Blocks of the model's block layers and experts."""
+def block_parts(model: nn.Module) -> list[BlockWeight]:
+    """Every BlockWeight of the model's block layers and experts, and its output layer's."""
     from runtime.cpu.block_experts import BlockExperts  # it imports this module
 
     layers = [m for m in model.modules() if isinstance(m, BlockLinear)]
     layers += [layer for m in model.modules() if isinstance(m, BlockExperts) for layer in (*m.gate_up, *m.down)]
-    return [p for layer in layers for p in layer.parts if isinstance(p, Int4Blocks)]
+    parts = [p for layer in layers for p in layer.parts]
+    output = getattr(model, "output_weight", None)
+    if output is not None and not isinstance(output, torch.Tensor) and all(output is not p for p in parts):
+        parts.append(output)
+    return parts
 
 
 def round_activations_to_int8(model: nn.Module) -> int:
     """`--int8-activations`: every Int4Blocks of the model that can (k-quant scales, a VNNI CPU)
     sums bf16 activations rounded to int8; returns how many."""
-    parts = [p for p in int4_parts(model) if p.sums_in_integers()]
+    parts = [p for p in block_parts(model) if isinstance(p, Int4Blocks) and p.sums_in_integers()]
     for part in parts:
         part.int8_activations = True
     return len(parts)
 
 
 def keep_activations_exact(model: nn.Module) -> int:
-    """`--exact-activations`: every Int4Blocks of the model takes float activations as they are, not
-    rounded to int16 (block_weights.int16_activations_default); returns how many."""
-    parts = int4_parts(model)
+    """`--exact-activations`: every Int4Blocks and Int8Blocks of the model takes float activations
+    as they are, not rounded to int16 (block_weights.int16_activations_default); returns how many."""
+    parts = [p for p in block_parts(model) if isinstance(p, (Int4Blocks, Int8Blocks))]
     for part in parts:
         part.int16_activations = False
     return len(parts)

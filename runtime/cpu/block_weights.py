@@ -106,6 +106,7 @@ class Int8Blocks:
 
     wide_itself = False
     kept_tensors, kept_attrs = ("codes", "scales", "steps"), ("shape", "group")
+    int16_activations: bool | None = None  # as Int4Blocks'
 
     def __init__(self, groups: Int8Groups) -> None:
         self.codes = groups.codes.contiguous()
@@ -113,7 +114,8 @@ class Int8Blocks:
         self.shape, self.group = groups.shape, groups.group
 
     def few(self, x: torch.Tensor) -> torch.Tensor:
-        return ops().group_gemv(x, self.codes, self.scales, self.group, self.steps)  # type: ignore[union-attr]
+        int16 = int16_activations_default() if self.int16_activations is None else self.int16_activations
+        return ops().group_gemv(x, self.codes, self.scales, self.group, self.steps, int16)  # type: ignore[union-attr]
 
     def dequantize(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
         return ops().dequant_int8_groups(self.codes[start:stop], self.scales[start:stop], self.group, dtype,  # type: ignore[union-attr]
@@ -167,10 +169,11 @@ class Q6Blocks:
 
 @functools.cache
 def int16_activations_default() -> bool:
-    """Whether the int4 kernel rounds one call's activations to int16 a group of 32 at a time by
-    default (kernels/csrc/activations16.h): on CPUs with AVX2 and no AVX-512, where its float loop
-    is bound by its instructions rather than memory. Its error, at most 1/65534 of a group's largest
-    activation, is far below the 4-bit weights' own."""
+    """Whether the int4 and int8 group kernels round one call's activations to int16 a group at a
+    time by default (kernels/csrc/activations16.h): on CPUs with AVX2 and no AVX-512, where the
+    int4 kernel's float loop is bound by its instructions and the int8 one rereads twice the
+    bytes of activations. Its error, at most 1/65534 of a group's largest activation, is far below
+    the quantized weights' own."""
     built = ops()
     return built is not None and bool(built.int4_gemv_int16_default())  # type: ignore[union-attr]
 

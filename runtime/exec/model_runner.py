@@ -101,7 +101,7 @@ class RunnerConfig:
     adapt_cpu_threads: bool = True  # fewer threads while other processes hold cores (runtime/cpu/thread_budget.py)
     enable_lora: bool = False  # LoRA adapters around the projections (runtime/lora/apply.py)
     int8_activations: bool = False  # a GGUF's Q4_K layers sum bf16 activations rounded to int8 (block_linear.py)
-    exact_activations: bool = False  # no int16 rounding of the int4 kernel's activations (block_weights.py)
+    exact_activations: bool = False  # no int16 rounding of the group kernels' activations (block_weights.py)
 
 
 class ModelRunner:

@@ -51,6 +51,35 @@ def test_a_row_gives_the_same_bits_alone_and_in_a_batch() -> None:
         assert torch.equal(ops().group_gemv(x[i:i + 1], codes, scales, 16)[0], together[i])
 
 
+@pytest.mark.parametrize("group", [16, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
+def test_int16_activations_err_by_at_most_their_rounding(group: int, dtype: torch.dtype, rows: int) -> None:
+    """The integer loop (kernels/csrc/activations16.h; the default where int16_activations_default()):
+    each group of activations rounded to int16 against its largest, so a product errs by at most
+    |w| * max|x_g| / 65534; the sums in integers are exact."""
+    n, k = 96, 192
+    codes, scales, exact = weights(n, k, group, seed=rows)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(5)).to(dtype)
+    out = ops().group_gemv(x, codes, scales, group, None, True)
+    assert out.dtype == dtype and out.shape == (rows, n)
+    want = x.double() @ exact.t()
+    top = x.double().abs().reshape(rows, k // group, group).amax(-1).repeat_interleave(group, 1)
+    bound = (exact.abs() @ top.t()).t() / 65534
+    slack = 0 if dtype == torch.float32 else 8e-3 * want.abs().max().item()  # bf16's rounding of the result
+    assert ((out.double() - want).abs() <= bound + 1e-6 * want.abs().max().item() + slack).all()
+
+
+def test_int16_activations_a_row_the_same_alone_and_in_a_batch() -> None:
+    codes, scales, _ = weights(300, 128, 16, seed=3)
+    x = torch.randn(8, 128)
+    x[2] = 0
+    together = ops().group_gemv(x, codes, scales, 16, None, True)
+    for i in range(8):
+        assert torch.equal(ops().group_gemv(x[i:i + 1], codes, scales, 16, None, True)[0], together[i])
+    assert torch.equal(together[2], torch.zeros(300))
+
+
 def test_strided_rows_and_no_rows() -> None:
     codes, scales, exact = weights(40, 64, 32)
     wide = torch.randn(3, 128)

@@ -37,9 +37,13 @@ def int4_groups(n: int = N, seed: int = 1, half: bool = True) -> Int4Groups:
 
 
 def kinds() -> list[tuple[str, object]]:
-    out: list[tuple[str, object]] = [("int8 g32 f16", Int8Blocks(int8_groups(32, torch.float16))),
-                                     ("int8 g16 f32", Int8Blocks(int8_groups(16, torch.float32))),
-                                     ("dense", DenseBlocks(int4_groups().dequantize()))]
+    out: list[tuple[str, object]] = []
+    for name, group, scale_dtype in (("int8 g32 f16", 32, torch.float16), ("int8 g16 f32", 16, torch.float32),
+                                     ("int8 int16 g16 f32", 16, torch.float32)):
+        weight = Int8Blocks(int8_groups(group, scale_dtype))
+        weight.int16_activations = "int16" in name  # both loops on any kind, whatever the default here
+        out.append((name, weight))
+    out.append(("dense", DenseBlocks(int4_groups().dequantize())))
     if Int4Blocks.fits((N, K)):
         for name, half in (("int4 avx-512 f16", True), ("int4 avx-512 f32", False), ("int4 int16 f32", False)):
             weight = Int4Blocks(int4_groups(half=half))
@@ -107,7 +111,8 @@ def test_a_fused_projection_of_mixed_formats() -> None:
     for rows in (1, 5, 17, 40):
         x = torch.randn(2, rows, K)
         want = x @ exact.t() + bias
-        tolerance = 1e-5 if Int4Blocks.fits((N, K)) else 1e-2
+        # int16 activations where they are the default (an error up to 1/65534 of a group's largest)
+        tolerance = (1e-4 if int16_activations_default() else 1e-5) if Int4Blocks.fits((N, K)) else 1e-2
         assert (layer(x) - want).norm() <= tolerance * want.norm(), rows
     embedding = BlockEmbedding(block_weight(q, torch.bfloat16, need_rows=True), torch.bfloat16)
     ids = torch.tensor([[1, 2], [63, 0]])
@@ -136,18 +141,21 @@ def test_codes_as_stored_repack_to_the_kernels_layout_in_one_pass() -> None:
     assert (block_product(served, x) - want).norm() <= 1e-2 * want.norm()
 
 
-def test_int4_activations_int16_by_capability_and_exact_on_request() -> None:
-    """Q4_K layers round the activations to int16 where the CPU's float loop is instruction-bound
-    (AVX2 without AVX-512: int16_activations_default()); `--exact-activations` keeps them exact."""
+def test_activations_int16_by_capability_and_exact_on_request() -> None:
+    """Quantized layers round the activations to int16 where that is the faster loop (AVX2 without
+    AVX-512: int16_activations_default()); `--exact-activations` keeps them exact."""
     if not Int4Blocks.fits((N, K)):
         pytest.skip("no int4 kernel on this CPU kind")
-    weight = Int4Blocks(int4_groups(half=False))
-    model = torch.nn.Sequential(BlockLinear([weight], None))
+    weight, int8 = Int4Blocks(int4_groups(half=False)), Int8Blocks(int8_groups(16, torch.float32))
+    model = torch.nn.Sequential(BlockLinear([weight], None), BlockLinear([int8], None))
     x = torch.randn(3, K)
 
-    def kernel(int16: bool) -> torch.Tensor:
-        return ops().int4_gemv(x, weight.packed, weight.scales, weight.lows, weight.scale_steps, weight.low_steps, int16)
+    def kernels(int16: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        return (ops().int4_gemv(x, weight.packed, weight.scales, weight.lows, weight.scale_steps, weight.low_steps, int16),
+                ops().group_gemv(x, int8.codes, int8.scales, int8.group, int8.steps, int16))
 
-    assert torch.equal(model(x), kernel(int16_activations_default()))
-    assert keep_activations_exact(model) == 1 and weight.int16_activations is False
-    assert torch.equal(model(x), kernel(False))
+    default = kernels(int16_activations_default())
+    assert torch.equal(model[0](x), default[0]) and torch.equal(model[1](x), default[1])
+    assert keep_activations_exact(model) == 2 and weight.int16_activations is False and int8.int16_activations is False
+    exact = kernels(False)
+    assert torch.equal(model[0](x), exact[0]) and torch.equal(model[1](x), exact[1])

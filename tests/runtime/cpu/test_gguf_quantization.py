@@ -202,9 +202,12 @@ def test_gguf_beside_the_dual_layers_of_a_cpu_without_bf16_units(mixed_model: tu
     assert not any(isinstance(m, DualLinear) for m in model.modules())
     layer = dict(model.named_modules())["model.layers.1.self_attn.qkv_proj"]
     exact_w = torch.cat([torch.from_numpy(expected[f"model.layers.1.self_attn.{p}_proj.weight"]) for p in "qkv"])
+    # (relative to the whole product: on AVX2 the codes' products take int16-rounded activations,
+    # whose error scales with a group's largest activation, not each output's own size)
     for rows in (2, 33):
         x = torch.randn(rows, layer.in_features)
-        assert torch.allclose(layer(x), x @ exact_w.t(), rtol=1e-4, atol=1e-4)
+        want = x @ exact_w.t()
+        assert (layer(x) - want).norm() <= 1e-4 * want.norm()
     hidden = torch.randn(3, 64)
     exact = hidden @ torch.from_numpy(expected["model.embed_tokens.weight"]).t()
-    assert torch.allclose(output(hidden, model.output_weight), exact, rtol=1e-4, atol=1e-4)
+    assert (output(hidden, model.output_weight) - exact).norm() <= 1e-4 * exact.norm()
