@@ -45,26 +45,30 @@ PROMPTS = [
 ]
 
 
-WAYS = {  # name: (--dtype, --quantization, --int8-activations)
-    "fp32 (exact weights)": ("float32", "none", False),
-    "bf16": ("bfloat16", "none", False),
-    "gguf (default)": ("bfloat16", "gguf", False),
-    "gguf --int8-activations": ("bfloat16", "gguf", True),
-    "int8": ("bfloat16", "int8", False),
-    "int4": ("bfloat16", "int4", False),
+WAYS = {  # name: (--dtype, --quantization, engine flags)
+    "fp32 (exact weights)": ("float32", "none", {}),
+    "bf16": ("bfloat16", "none", {}),
+    "gguf (default)": ("bfloat16", "gguf", {}),
+    "gguf --int8-activations": ("bfloat16", "gguf", {"int8_activations": True}),
+    "int8": ("bfloat16", "int8", {}),
+    "int4": ("bfloat16", "int4", {}),
+    # fp32 activations (what `auto` picks on CPUs without fast bf16): on AVX2 without AVX-512 the
+    # codes' products round them to int16 a group at a time unless --exact-activations (docs/cpu.md)
+    "gguf fp32": ("float32", "gguf", {}),
+    "gguf fp32 --exact-activations": ("float32", "gguf", {"exact_activations": True}),
 }
 
 
 GREEDY_ONE = {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True}
 
 
-def continuations(model: str, dtype: str, quantization: str, int8_activations: bool, tokens: int,
+def continuations(model: str, dtype: str, quantization: str, flags: dict[str, bool], tokens: int,
                   reference: list[list[int]]) -> tuple[list[list[int]], float, float]:
     """This way's greedy continuations, its one-stream speed, and its teacher-forced agreement
     with the `reference` continuations (none yet: this way is the reference, agreement 1.0)."""
     from runtime import Engine
 
-    with Engine(model=model, dtype=dtype, quantization=quantization, int8_activations=int8_activations) as engine:
+    with Engine(model=model, dtype=dtype, quantization=quantization, **flags) as engine:
         # one prompt at a time: the quantized kernels serve products of few rows (one stream)
         outs = [engine.generate(p, sampling_params={"max_new_tokens": tokens, "temperature": 0,
                                                     "ignore_eos": True})[0].token_ids for p in PROMPTS]
@@ -102,8 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     result: dict[str, dict[str, float]] = {}
     reference: list[list[int]] = []
     for name in args.ways:
-        dtype, quantization, int8_activations = WAYS[name]
-        outs, speed, forced = continuations(args.model, dtype, quantization, int8_activations, args.tokens, reference)
+        dtype, quantization, flags = WAYS[name]
+        outs, speed, forced = continuations(args.model, dtype, quantization, flags, args.tokens, reference)
         reference = reference or outs
         result[name] = {"one_stream_tok_s": speed, **agreement(reference, outs), "teacher_forced_share": forced}
     for name, row in result.items():
