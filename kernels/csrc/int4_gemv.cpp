@@ -110,6 +110,19 @@ inline int64_t bf16_at(int64_t groups, int64_t g, int c) {
   return tile.group0 * kGroup + (c / 2) * 2 * tile.groups + 2 * (g - tile.group0) + c % 2;
 }
 
+// A row of 16-bit activations (bf16 bits or int16 codes), in order, moved to bf16_at's order: the
+// tiles' order moves pairs of activations (32 bits) whole, pair i of a tile's group l to slot i * G + l.
+inline void to_tile_order(const uint16_t* row, int64_t groups, uint16_t* out) {
+  const uint32_t* pairs = reinterpret_cast<const uint32_t*>(row);
+  uint32_t* into = reinterpret_cast<uint32_t*>(out);
+  for (int64_t ti = 0, tiles = tile_count(groups); ti < tiles; ++ti) {
+    const Tile tile = tile_of(groups, ti);
+    const int64_t at = tile.group0 * kGroup / 2;
+    for (int64_t i = 0; i < kGroup / 2; ++i)
+      for (int64_t l = 0; l < tile.groups; ++l) into[at + i * tile.groups + l] = pairs[at + l * kGroup / 2 + i];
+  }
+}
+
 // ... and of Activations::paired.
 inline int64_t paired_at(int64_t groups, int64_t g, int c) {
 #if RADIXSERVE_INT4_AVX512 || RADIXSERVE_INT4_AVX2
@@ -522,8 +535,8 @@ inline void half_tile16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j
 }
 #endif
 
-// R weight rows from j against M activation rows rounded to int16 (`--int16-activations`' loop,
-// the default on CPUs without AVX-512; activations16.h): the tiles' words shifted right by 4t and
+// R weight rows from j against M activation rows rounded to int16 (the default on CPUs without
+// AVX-512, unless --exact-activations; activations16.h): the tiles' words shifted right by 4t and
 // masked are two codes of each group in 16-bit lanes, one vpmaddwd multiplies them by the
 // activations in the same order (Activations::x16, bf16's) and sums each group's pair into its own
 // 32-bit lane, exactly; 16 of them (4 registers, 4 nibbles) sum a group's 32 codes, which then
@@ -658,8 +671,8 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
           a.sums[m * a.groups + g] = sum;
         }
         radixserve::round_to_int16(row.data(), k, kGroup, codes.data(), a.x16_scales.data() + m * a.groups);
-        for (int64_t g = 0; g < a.groups; ++g)
-          for (int cc = 0; cc < kGroup; ++cc) a.x16[m * k + bf16_at(a.groups, g, cc)] = codes[g * kGroup + cc];
+        to_tile_order(reinterpret_cast<const uint16_t*>(codes.data()), a.groups,
+                      reinterpret_cast<uint16_t*>(a.x16.data() + m * k));
       }
       a.prefetch = radixserve::activations_spill(rows * k * 2);
       run(out.data_ptr<scalar_t>());
@@ -676,16 +689,7 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
           const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(halves, _mm512_set1_epi32(int(0xFFFF0000u))));
           a.sums[m * a.groups + g] = _mm512_reduce_add_ps(_mm512_add_ps(even, odd));
         }
-        // the tiles' order moves pairs of activations (32 bits) whole: pair i of a tile's group l
-        // goes to slot i * G + l
-        const uint32_t* pairs = reinterpret_cast<const uint32_t*>(row);
-        uint32_t* into = reinterpret_cast<uint32_t*>(a.bf16.data() + m * k);
-        for (int64_t ti = 0, tiles = tile_count(a.groups); ti < tiles; ++ti) {
-          const Tile tile = tile_of(a.groups, ti);
-          const int64_t at = tile.group0 * kGroup / 2;
-          for (int64_t i = 0; i < kGroup / 2; ++i)
-            for (int64_t l = 0; l < tile.groups; ++l) into[at + i * tile.groups + l] = pairs[at + l * kGroup / 2 + i];
-        }
+        to_tile_order(row, a.groups, a.bf16.data() + m * k);
       }
       run(out.data_ptr<scalar_t>());
       return;

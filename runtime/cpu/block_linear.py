@@ -81,11 +81,8 @@ def add_wide_copies(model: nn.Module, dtype: torch.dtype, available_bytes: int) 
     bytes (0: none made). Dequantized slices run a batch of 16 decode rows at about half the packed
     copy's speed, so a small model keeps both: its codes for decode steps of a row or a few, the
     copy for wider ones. A large model's copy would be several times the file; it keeps the codes only."""
-    weights = [p for m in model.modules() if isinstance(m, BlockLinear) for p in m.parts]
-    output = getattr(model, "output_weight", None)
-    if output is not None and not isinstance(output, torch.Tensor) and all(output is not w for w in weights):
-        weights.append(output)
-    weights = [w for w in weights if not isinstance(w, DenseBlocks) and not getattr(w, "wide_itself", False)]
+    weights = [w for w in block_parts(model, experts=False)
+               if not isinstance(w, DenseBlocks) and not getattr(w, "wide_itself", False)]
     total = sum(w.shape[0] * w.shape[1] * torch.finfo(dtype).bits // 8 for w in weights)
     if not weights or total > min(WIDE_COPY_BYTES, available_bytes // 4) or not packing_supported(dtype):
         return 0
@@ -166,12 +163,14 @@ def merge_parts(parts: list[Groups | torch.Tensor]) -> list[Groups | torch.Tenso
     return merged
 
 
-def block_parts(model: nn.Module) -> list[BlockWeight]:
-    """Every BlockWeight of the model's block layers and experts, and its output layer's."""
+def block_parts(model: nn.Module, experts: bool = True) -> list[BlockWeight]:
+    """Every BlockWeight of the model's block layers (and its experts', unless not `experts`), and
+    its output layer's."""
     from runtime.cpu.block_experts import BlockExperts  # it imports this module
 
     layers = [m for m in model.modules() if isinstance(m, BlockLinear)]
-    layers += [layer for m in model.modules() if isinstance(m, BlockExperts) for layer in (*m.gate_up, *m.down)]
+    if experts:
+        layers += [layer for m in model.modules() if isinstance(m, BlockExperts) for layer in (*m.gate_up, *m.down)]
     parts = [p for layer in layers for p in layer.parts]
     output = getattr(model, "output_weight", None)
     if output is not None and not isinstance(output, torch.Tensor) and all(output is not p for p in parts):

@@ -114,8 +114,7 @@ class Int8Blocks:
         self.shape, self.group = groups.shape, groups.group
 
     def few(self, x: torch.Tensor) -> torch.Tensor:
-        int16 = int16_activations_default() if self.int16_activations is None else self.int16_activations
-        return ops().group_gemv(x, self.codes, self.scales, self.group, self.steps, int16)  # type: ignore[union-attr]
+        return ops().group_gemv(x, self.codes, self.scales, self.group, self.steps, rounds_to_int16(self))  # type: ignore[union-attr]
 
     def dequantize(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
         return ops().dequant_int8_groups(self.codes[start:stop], self.scales[start:stop], self.group, dtype,  # type: ignore[union-attr]
@@ -178,6 +177,12 @@ def int16_activations_default() -> bool:
     return built is not None and bool(built.int4_gemv_int16_default())  # type: ignore[union-attr]
 
 
+def rounds_to_int16(weight: Int8Blocks | Int4Blocks) -> bool:
+    """Whether `weight`'s products round the activations to int16: its own choice (False:
+    `--exact-activations`), else int16_activations_default()."""
+    return int16_activations_default() if weight.int16_activations is None else weight.int16_activations
+
+
 class Int4Blocks:
     """w[n, k] = scales[n, g] * q[n, k] + lows[n, g], g = k // 32, in int4_blocks.h's layout: blocks
     of 128 codes as 32 16-bit words in tiles of 16 groups, rows in quads."""
@@ -214,8 +219,8 @@ class Int4Blocks:
     def few(self, x: torch.Tensor) -> torch.Tensor:
         if self.int8_activations and x.dtype == torch.bfloat16:
             return ops().int4_gemv_q8(x, self.packed, self.scales, self.scale_steps, self.lows, self.low_steps)  # type: ignore[union-attr]
-        int16 = int16_activations_default() if self.int16_activations is None else self.int16_activations
-        return ops().int4_gemv(x, self.packed, self.scales, self.lows, self.scale_steps, self.low_steps, int16)  # type: ignore[union-attr]
+        return ops().int4_gemv(x, self.packed, self.scales, self.lows, self.scale_steps, self.low_steps,  # type: ignore[union-attr]
+                               rounds_to_int16(self))
 
     def sums_in_integers(self) -> bool:
         """Whether bf16 products can round the activations to int8 and sum in integers
