@@ -42,6 +42,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 // Full unrolling of the loops over activation rows and accumulators, so they live in registers.
@@ -125,46 +126,52 @@ void dot_rows(const int8_t* w, const radixserve::GroupScales& scales, int64_t n,
       out[m * n + j] = static_cast<O>(_mm512_reduce_add_ps(sum));
     }
 #elif RADIXSERVE_GROUP_SIMD == 256
-    // As above, in AVX2's 16 registers: A groups in flight at one or two activation rows, and a
-    // group's products in two chains (even and odd vectors of 8) up to 4 rows. One chain a row
-    // waited 4 cycles on each multiply-add: the default model's output layer (262144 x 640) read
-    // 10-12 GB/s on a 2-core AVX2 EPYC, where a read streams 29; so, 21-23 GB/s (a standalone
-    // build of both, alternated; 4 weight rows a pass instead of one, as the int4 kernel does,
-    // read 15-18: one stream a thread suits the prefetchers better).
-    constexpr int A = M == 1 ? 4 : M == 2 ? 2 : 1;
-    constexpr bool kTwoChains = M <= 4;  // past 4 rows, 3 M accumulators would spill
-    __m256 acc[A][M];
-    RADIXSERVE_GROUP_UNROLL
-    for (int a = 0; a < A; ++a)
+    // As above, in AVX2's 16 registers: A groups in flight and a group's products in two chains
+    // (even and odd vectors of 8). One chain a row waited 4 cycles on each multiply-add: the
+    // default model's output layer (262144 x 640) read 10-12 GB/s on a 2-core AVX2 EPYC, where a
+    // read streams 29; so, 21-23 GB/s (a standalone build of both, alternated; 4 weight rows a
+    // pass instead of one, as the int4 kernel does, read 15-18: one stream a thread suits the
+    // prefetchers better). AVX2's registers hold that for two activation rows, so more rows go
+    // two at a time over the weight row (in the first-level cache after the first two), each row
+    // summed in the same order alone or in a batch: A and the chains chosen by the call's count
+    // (4 groups at one row, 1 group and one chain past 4) gave bf16 results a bit apart in 65 of
+    // 300 random batches of 8.
+    const auto rows_of = [&](auto count, int64_t m0) {
+      constexpr int P = decltype(count)::value;  // activation rows m0.. (1 or 2)
+      constexpr int A = 4;
+      const float* xp = x + m0 * k;
+      __m256 acc[A][P];
       RADIXSERVE_GROUP_UNROLL
-      for (int m = 0; m < M; ++m) acc[a][m] = _mm256_setzero_ps();
-    const auto codes = [&](int64_t i) {
-      return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wj + i))));
-    };
-    const auto one_group = [&](int64_t g, __m256 (&into)[M]) {
-      __m256 even[M], odd[M];  // group 16 or 32: 2 or 4 vectors of 8, taken in pairs
-      RADIXSERVE_GROUP_UNROLL
-      for (int m = 0; m < M; ++m) {
-        even[m] = _mm256_setzero_ps();
-        odd[m] = _mm256_setzero_ps();
-      }
-      for (int64_t i = g * group; i < (g + 1) * group; i += 16) {
-        const __m256 w0 = codes(i), w1 = codes(i + 8);
+      for (int a = 0; a < A; ++a)
         RADIXSERVE_GROUP_UNROLL
-        for (int m = 0; m < M; ++m) {
-          even[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + m * k + i), even[m]);
-          if constexpr (kTwoChains)
-            odd[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + m * k + i + 8), odd[m]);
-          else
-            even[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + m * k + i + 8), even[m]);
+        for (int m = 0; m < P; ++m) acc[a][m] = _mm256_setzero_ps();
+      const auto codes = [&](int64_t i) {
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wj + i))));
+      };
+      const auto one_group = [&](int64_t g, __m256 (&into)[P]) {
+        __m256 even[P], odd[P];  // group 16 or 32: 2 or 4 vectors of 8, taken in pairs
+        RADIXSERVE_GROUP_UNROLL
+        for (int m = 0; m < P; ++m) {
+          even[m] = _mm256_setzero_ps();
+          odd[m] = _mm256_setzero_ps();
         }
-      }
-      const __m256 scale = _mm256_set1_ps(sj[g]);
-      RADIXSERVE_GROUP_UNROLL
-      for (int m = 0; m < M; ++m)
-        into[m] = _mm256_fmadd_ps(kTwoChains ? _mm256_add_ps(even[m], odd[m]) : even[m], scale, into[m]);
+        for (int64_t i = g * group; i < (g + 1) * group; i += 16) {
+          const __m256 w0 = codes(i), w1 = codes(i + 8);
+          RADIXSERVE_GROUP_UNROLL
+          for (int m = 0; m < P; ++m) {
+            even[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xp + m * k + i), even[m]);
+            odd[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xp + m * k + i + 8), odd[m]);
+          }
+        }
+        const __m256 scale = _mm256_set1_ps(sj[g]);
+        RADIXSERVE_GROUP_UNROLL
+        for (int m = 0; m < P; ++m) into[m] = _mm256_fmadd_ps(_mm256_add_ps(even[m], odd[m]), scale, into[m]);
+      };
+      groups_in_turn<P, A>(wj, groups, group, acc, one_group, out + m0 * n + j, n);
     };
-    groups_in_turn<M, A>(wj, groups, group, acc, one_group, out + j, n);
+    int64_t m0 = 0;
+    for (; m0 + 2 <= M; m0 += 2) rows_of(std::integral_constant<int, 2>{}, m0);
+    if (m0 < M) rows_of(std::integral_constant<int, 1>{}, m0);
 #else
     for (int m = 0; m < M; ++m) {
       const float* xm = x + m * k;
