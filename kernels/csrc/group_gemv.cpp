@@ -188,76 +188,91 @@ void dot_rows(const int8_t* w, const radixserve::GroupScales& scales, int64_t n,
   }
 }
 
-// The same rows against M activation rows rounded to int16 a group at a time (activations16.h):
-// x16 [M, k] codes, xs [M, groups] their scales. A group's products are summed in 32-bit
-// integers (one vpmaddwd multiplies 16 codes by 16 activations and adds them in pairs), then
-// scaled once, in float32, by the weights' scale times the activations'. Half the bytes of
+// One weight row against M activation rows rounded to int16 a group at a time (activations16.h):
+// x16 [M, k] codes (rows k apart), both [M, groups] the weights' scale times the activations'. A
+// group's products are summed in 32-bit integers (one vpmaddwd multiplies 16 codes by 16
+// activations and adds them in pairs), then scaled once, in float32. Half the bytes of
 // activations to reread for every weight row, and about half the instructions a weight.
 template <int M, typename O>
-void dot_rows16(const int8_t* w, const radixserve::GroupScales& scales, int64_t n, int64_t k, int64_t group,
-                int64_t begin, int64_t end, const int16_t* x16, const float* xs, O* out) {
+inline void row16(const int8_t* wj, int64_t k, int64_t group, const int16_t* x16, const float* both, O* out, int64_t n) {
   const int64_t groups = k / group;
-  std::vector<float> row_scales(groups), both(M * groups);  // both: weights' scale x activations'
+#if defined(__AVX2__) && defined(__FMA__)
+  // two float accumulators a row at any row count (the groups taken in turn): a row's bits are
+  // the same alone and in a batch; a group's integer work covers one multiply-add's latency
+  constexpr int A = 2;
+  __m256 acc[A][M];
+  RADIXSERVE_GROUP_UNROLL
+  for (int a = 0; a < A; ++a)
+    RADIXSERVE_GROUP_UNROLL
+    for (int m = 0; m < M; ++m) acc[a][m] = _mm256_setzero_ps();
+  const auto one_group = [&](int64_t g, __m256 (&into)[M]) {
+    __m256i sum[M];
+    RADIXSERVE_GROUP_UNROLL
+    for (int m = 0; m < M; ++m) sum[m] = _mm256_setzero_si256();
+    for (int64_t i = g * group; i < (g + 1) * group; i += 16) {
+      const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wj + i)));
+      RADIXSERVE_GROUP_UNROLL
+      for (int m = 0; m < M; ++m)
+        sum[m] = _mm256_add_epi32(sum[m], _mm256_madd_epi16(
+            wv, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x16 + m * k + i))));
+    }
+    RADIXSERVE_GROUP_UNROLL
+    for (int m = 0; m < M; ++m)
+      into[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m]), _mm256_broadcast_ss(both + m * groups + g), into[m]);
+  };
+  groups_in_turn<M, A>(wj, groups, group, acc, one_group, out, n);
+#else
+  for (int m = 0; m < M; ++m) {
+    const int16_t* xm = x16 + m * k;
+    float acc = 0.f;
+    for (int64_t g = 0; g < groups; ++g) {
+      int32_t part = 0;
+      for (int64_t i = g * group; i < (g + 1) * group; ++i) part += int32_t{wj[i]} * int32_t{xm[i]};
+      acc = std::fma(static_cast<float>(part), both[m * groups + g], acc);
+    }
+    out[m * n] = static_cast<O>(acc);
+  }
+#endif
+}
+
+// Weight rows [begin, end) against `rows` activation rows rounded to int16 (x16 [rows, k], xs
+// [rows, groups] their scales), into out[m * n + j]: each weight row against the activation rows
+// four at a time (the weight row in the first-level cache after the first four). All of them at
+// once took 3 registers a row, which AVX2's 16 ran out of past 4 rows (spills, and past 8 rows
+// no kernel: 16 decode rows went to dequantized slices and a float GEMM, 2-4 times slower).
+template <typename O>
+void dot_rows16(const int8_t* w, const radixserve::GroupScales& scales, int64_t n, int64_t k, int64_t group,
+                int64_t begin, int64_t end, const int16_t* x16, const float* xs, int64_t rows, O* out) {
+  const int64_t groups = k / group;
+  std::vector<float> row_scales(groups), both(rows * groups);  // both: weights' scale x activations'
   for (int64_t j = begin; j < end; ++j) {
     const int8_t* wj = w + j * k;
     scales.expand(j, 1, row_scales.data());
-    for (int m = 0; m < M; ++m)
+    for (int64_t m = 0; m < rows; ++m)
       for (int64_t g = 0; g < groups; ++g) both[m * groups + g] = row_scales[g] * xs[m * groups + g];
-#if defined(__AVX2__) && defined(__FMA__)
-    // two float accumulators a row at any row count (the groups taken in turn): a row's bits are
-    // the same alone and in a batch; a group's integer work covers one multiply-add's latency
-    constexpr int A = 2;
-    __m256 acc[A][M];
-    RADIXSERVE_GROUP_UNROLL
-    for (int a = 0; a < A; ++a)
-      RADIXSERVE_GROUP_UNROLL
-      for (int m = 0; m < M; ++m) acc[a][m] = _mm256_setzero_ps();
-    const auto one_group = [&](int64_t g, __m256 (&into)[M]) {
-      __m256i sum[M];
-      RADIXSERVE_GROUP_UNROLL
-      for (int m = 0; m < M; ++m) sum[m] = _mm256_setzero_si256();
-      for (int64_t i = g * group; i < (g + 1) * group; i += 16) {
-        const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wj + i)));
-        RADIXSERVE_GROUP_UNROLL
-        for (int m = 0; m < M; ++m)
-          sum[m] = _mm256_add_epi32(sum[m], _mm256_madd_epi16(
-              wv, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x16 + m * k + i))));
-      }
-      RADIXSERVE_GROUP_UNROLL
-      for (int m = 0; m < M; ++m)
-        into[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m]), _mm256_broadcast_ss(both.data() + m * groups + g), into[m]);
-    };
-    groups_in_turn<M, A>(wj, groups, group, acc, one_group, out + j, n);
-#else
-    for (int m = 0; m < M; ++m) {
-      const int16_t* xm = x16 + m * k;
-      float acc = 0.f;
-      for (int64_t g = 0; g < groups; ++g) {
-        int32_t part = 0;
-        for (int64_t i = g * group; i < (g + 1) * group; ++i) part += int32_t{wj[i]} * int32_t{xm[i]};
-        acc = std::fma(static_cast<float>(part), both[m * groups + g], acc);
-      }
-      out[m * n + j] = static_cast<O>(acc);
-    }
-#endif
+    for (int64_t m0 = 0; m0 < rows; m0 += 4)
+      radixserve::with_row_count(std::min<int64_t>(4, rows - m0), [&](auto count) {
+        constexpr int M = decltype(count)::value;
+        if constexpr (M <= 4) row16<M>(wj, k, group, x16 + m0 * k, both.data() + m0 * groups, out + m0 * n + j, n);
+      });
   }
 }
 
-void check(const at::Tensor& x, const at::Tensor& w, int64_t group) {
+void check(const at::Tensor& x, const at::Tensor& w, int64_t group, bool int16_activations) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "group_gemv: x is a CPU [rows, K] float32 or bfloat16 tensor");
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kChar && w.size(1) == x.size(1),
               "group_gemv: codes are contiguous int8 [N, K] with K = x's width");
   TORCH_CHECK(group == 16 || group == 32, "group_gemv: group is 16 or 32");
   TORCH_CHECK(w.size(1) % group == 0, "group_gemv: K is a multiple of the group");
-  TORCH_CHECK(x.size(0) <= kMaxRows, "group_gemv: at most 8 rows a call");
+  TORCH_CHECK(int16_activations || x.size(0) <= kMaxRows, "group_gemv: at most 8 rows a call (any with int16 activations)");
 }
 
 // x [rows, K] @ (scales * codes).T -> [rows, N] in x's dtype; scales [N, K / group] in one of
 // group_scales.h's forms (int8 codes with their steps).
 at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, int64_t group,
                       const std::optional<at::Tensor>& scale_steps, bool int16_activations) {
-  check(x, w, group);
+  check(x, w, group, int16_activations);
   const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
   const auto sg = radixserve::GroupScales::of(scales, scale_steps, n, k / group, "group_gemv");
   // A few KB, converted once and read by every weight row; no tensor ops around the kernel (a
@@ -277,10 +292,7 @@ at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   };
   const auto run16 = [&](auto* op, const int16_t* x16, const float* xs) {
     at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-      radixserve::with_row_count(rows, [&](auto count) {
-        constexpr int M = decltype(count)::value;
-        dot_rows16<M>(wp, sg, n, k, group, begin, end, x16, xs, op);
-      });
+      dot_rows16(wp, sg, n, k, group, begin, end, x16, xs, rows, op);
     });
   };
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "group_gemv", [&] {
@@ -295,7 +307,7 @@ at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor
         for (int64_t i = 0; i < k; ++i) dst[i] = static_cast<float>(row[i * step]);
     }
     if (int16_activations) {
-      std::vector<int16_t> x16(rows * k);
+      std::vector<int16_t, radixserve::CacheLineAllocator<int16_t>> x16(rows * k);
       std::vector<float> xs(rows * (k / group));
       radixserve::round_to_int16(xf.data(), rows * k, group, x16.data(), xs.data());
       run16(out.data_ptr<scalar_t>(), x16.data(), xs.data());

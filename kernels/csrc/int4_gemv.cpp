@@ -92,9 +92,21 @@ struct Activations {
                                // 2i + 1 (without AVX-512: [M, k] in order, for the portable loop)
   std::vector<uint16_t> bf16;  // [M, k] bf16 bits: per tile and i, each group's activations 2i, 2i + 1
   std::vector<float> sums;     // [M, groups] each group's sum
-  std::vector<int16_t> x16;    // [M, k] rounded to int16 a group at a time (activations16.h), in bf16's order
+  std::vector<int16_t, radixserve::CacheLineAllocator<int16_t>> x16;  // rounded to int16 a group at a time (activations16.h), in bf16's order,
+                               // rows interleaved `interleave` at a time (x16_at)
   std::vector<float> x16_scales;  // [M, groups] their scales
+  int64_t interleave = 1;      // 1 for one row, else 4 (dot_quads16's passes take 4 activation rows)
   bool prefetch = false;       // the weight stream prefetched by hand (weight_prefetch.h)
+
+  // Where element e (in the tiles' order) of row m lies in x16. Rows come `interleave` at a time,
+  // a group of them in pieces of what one load of the loop takes: 16 words in the full tiles, 8
+  // in the small ones; so a pass's loads of its four rows are constant offsets from one address
+  // (with a row each, four bases and their arithmetic took the general registers, and the loads
+  // their own instructions: the loop ran at half its rate).
+  int64_t x16_at(int64_t m, int64_t e) const {
+    const int64_t piece = e < groups / kTileGroups * kTileGroups * kGroup ? 16 : 8;
+    return (m / interleave) * interleave * k + (e / piece) * piece * interleave + (m % interleave) * piece + e % piece;
+  }
 };
 
 // Code c of group g of weight row `row`, for the portable loops.
@@ -134,11 +146,21 @@ inline int64_t paired_at(int64_t groups, int64_t g, int c) {
 #endif
 }
 
+// Accumulators (__m512 or __m256), zeroed (a vector type's value-initialisation is all zeros).
+template <typename V, int M, int R>
+inline void zero(V (&acc)[R][M]) {
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r)
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m) acc[r][m] = V{};
+}
+
 // Scales of R weight rows as floats (read once per tile in the loops), and the per-row constant
 // of the 128 trick: rest[r][m] = sum_g (low_g - 128 scale_g) * sum_g(x_m), as a vector whose lanes
 // sum to it where the loop has vectors (the loop's accumulators start from it).
 template <int M, int R>
 struct RowConstants {
+  static constexpr int kRows = M;
   std::vector<float> scale, low;
 #if RADIXSERVE_INT4_AVX512
   __m512 rest[R][M];
@@ -158,12 +180,24 @@ struct RowConstants {
 #endif
 
   // `integer`: the constant of dot_tiles16's integer loop, sum_g low_g * sum_g(x) (no 128 trick).
+  // Activation rows m0.. (dot_quads' passes over a few of a call's rows).
   void load(const radixserve::GroupScales& scales, const radixserve::GroupScales& lows, int64_t j,
-            const Activations& a, bool integer) {
+            const Activations& a, bool integer, int64_t m0 = 0) {
+    expand(scales, lows, j, a.groups);
+    rests(a, integer, m0);
+  }
+
+  // The scales and lows of weight rows j.. as floats (rows j.. are contiguous).
+  void expand(const radixserve::GroupScales& scales, const radixserve::GroupScales& lows, int64_t j, int64_t groups) {
+    (void)groups;
+    scales.expand(j, R, scale.data());
+    lows.expand(j, R, low.data());
+  }
+
+  // rest from the expanded scales and lows, for activation rows m0..
+  void rests(const Activations& a, bool integer, int64_t m0) {
     const float shift = integer ? 0.f : 128.f;
     const int64_t groups = a.groups;
-    scales.expand(j, R, scale.data());  // rows j.. are contiguous
-    lows.expand(j, R, low.data());
 #if RADIXSERVE_INT4_AVX512
     RADIXSERVE_UNROLL
     for (int r = 0; r < R; ++r) {
@@ -176,33 +210,47 @@ struct RowConstants {
         const __m512 adjusted = _mm512_fnmadd_ps(_mm512_set1_ps(shift), sv, lv);
         RADIXSERVE_UNROLL
         for (int m = 0; m < M; ++m)
-          rest[r][m] = _mm512_fmadd_ps(adjusted, _mm512_maskz_loadu_ps(mask, a.sums.data() + m * groups + g),
+          rest[r][m] = _mm512_fmadd_ps(adjusted, _mm512_maskz_loadu_ps(mask, a.sums.data() + (m0 + m) * groups + g),
                                        rest[r][m]);
       }
     }
 #else
-    for (int r = 0; r < R; ++r) {
+    const float* xs[M];
+    for (int m = 0; m < M; ++m) xs[m] = a.sums.data() + (m0 + m) * groups;
+    int64_t g = 0;
+    float sum[R][M] = {};
+#if defined(__AVX2__) && defined(__FMA__)
+    // In 8 lanes, and all the (weight row, activation row) chains side by side: one chain of
+    // scalar multiply-adds a row waited 4 cycles a group, as long as the loop over the row's codes
+    // took (a 3584-wide row: half of its time, 2-core Zen 3), and one vector chain at a time a
+    // fifth of a 4 x 8-row pass at K = 8960. Each chain's arithmetic is the same at any R and M.
+    __m256 lanes[R][M];
+    zero(lanes);
+    for (; g + 8 <= groups; g += 8)
+      RADIXSERVE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m256 adjusted = _mm256_fnmadd_ps(_mm256_set1_ps(shift), _mm256_loadu_ps(scale.data() + r * groups + g),
+                                                 _mm256_loadu_ps(low.data() + r * groups + g));
+        RADIXSERVE_UNROLL
+        for (int m = 0; m < M; ++m) lanes[r][m] = _mm256_fmadd_ps(adjusted, _mm256_loadu_ps(xs[m] + g), lanes[r][m]);
+      }
+    RADIXSERVE_UNROLL
+    for (int r = 0; r < R; ++r)
+      RADIXSERVE_UNROLL
+      for (int m = 0; m < M; ++m) {
+        const __m128 half = _mm_add_ps(_mm256_castps256_ps128(lanes[r][m]), _mm256_extractf128_ps(lanes[r][m], 1));
+        const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
+        sum[r][m] = _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+      }
+#endif
+    for (int r = 0; r < R; ++r)
       for (int m = 0; m < M; ++m) {
         const float* s = scale.data() + r * groups;
         const float* l = low.data() + r * groups;
-        const float* xs = a.sums.data() + m * groups;
-        int64_t g = 0;
-        float sum = 0.f;
-#if defined(__AVX2__) && defined(__FMA__)
-        // in 8 lanes: one chain of scalar multiply-adds a row waited 4 cycles a group, as long as
-        // the loop over the row's codes took (a 3584-wide row: half of its time, 2-core Zen 3)
-        __m256 lanes = _mm256_setzero_ps();
-        for (; g + 8 <= groups; g += 8)
-          lanes = _mm256_fmadd_ps(_mm256_fnmadd_ps(_mm256_set1_ps(shift), _mm256_loadu_ps(s + g), _mm256_loadu_ps(l + g)),
-                                  _mm256_loadu_ps(xs + g), lanes);
-        const __m128 half = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1));
-        const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
-        sum = _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
-#endif
-        for (; g < groups; ++g) sum = std::fma(std::fma(-shift, s[g], l[g]), xs[g], sum);
-        rest[r][m] = sum;
+        float total = sum[r][m];
+        for (int64_t h = g; h < groups; ++h) total = std::fma(std::fma(-shift, s[h], l[h]), xs[m][h], total);
+        rest[r][m] = total;
       }
-    }
 #endif
   }
 
@@ -215,15 +263,6 @@ struct RowConstants {
 #endif
   }
 };
-
-// Accumulators (__m512 or __m256), zeroed (a vector type's value-initialisation is all zeros).
-template <typename V, int M, int R>
-inline void zero(V (&acc)[R][M]) {
-  RADIXSERVE_UNROLL
-  for (int r = 0; r < R; ++r)
-    RADIXSERVE_UNROLL
-    for (int m = 0; m < M; ++m) acc[r][m] = V{};
-}
 
 #if RADIXSERVE_INT4_AVX512
 // Each accumulator's lanes summed into its output, rounded once to the activations' dtype O.
@@ -491,13 +530,14 @@ void dot_tiles_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, in
 #if defined(__AVX2__) && defined(__FMA__)
 // dot_tiles16's half of a tile (G groups, G <= 8 lanes of 32 bits: 8 of a full tile's 16, or a
 // small tile's 4, whose upper lanes load as 0) for R weight rows, into the rows' accumulators.
-template <int M, int R, int G>
-inline void half_tile16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j, const Activations& a,
+template <int M, int R, int G, int P>
+inline void half_tile16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j, const Activations& a, int64_t m0,
                         const Tile& tile, int h, __m256 (&acc)[R][M]) {
   const int64_t k = a.k, groups = a.groups;
   constexpr int64_t TG = G == 8 ? kTileGroups : kSmallGroups;  // the tile's groups
   const uint8_t* base_h = half_base(w, k, j, tile, h);
-  const int16_t* xt = a.x16.data() + tile.group0 * kGroup + 16 * h;
+  // rows m0.. (m0 a multiple of P, the interleave): Activations::x16_at
+  const int16_t* xt = a.x16.data() + m0 * k + (tile.group0 * kGroup + 16 * h) * P;
   const __m256i nibble = _mm256_set1_epi16(0x000F);
   __m256i tacc[R][M];
   zero(tacc);
@@ -513,7 +553,7 @@ inline void half_tile16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j
         const __m256i codes = _mm256_and_si256(_mm256_srli_epi16(words[r], 4 * t), nibble);
         RADIXSERVE_UNROLL
         for (int m = 0; m < M; ++m)
-          tacc[r][m] = _mm256_add_epi32(tacc[r][m], _mm256_madd_epi16(codes, half_words<G>(xt + m * k + (4 * v + t) * 2 * TG)));
+          tacc[r][m] = _mm256_add_epi32(tacc[r][m], _mm256_madd_epi16(codes, half_words<G>(xt + (4 * v + t) * 2 * TG * P + m * 2 * G)));
       }
       // Each accumulator in a register here: left free, GCC reassociates the 16 integer sums into
       // a tree whose partial sums spill to the stack (50-150 stores a half tile)
@@ -530,7 +570,7 @@ inline void half_tile16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j
     RADIXSERVE_UNROLL
     for (int m = 0; m < M; ++m)
       acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tacc[r][m]),
-                                  _mm256_mul_ps(sv, half_floats<G>(a.x16_scales.data() + m * groups + g0)), acc[r][m]);
+                                  _mm256_mul_ps(sv, half_floats<G>(a.x16_scales.data() + (m0 + m) * groups + g0)), acc[r][m]);
   }
 }
 #endif
@@ -544,12 +584,13 @@ inline void half_tile16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j
 // bits, so w . x = sum_g scale_g xscale_g sum(q x16) + sum_g low_g sum_g(x), the second in float32
 // over the exact activations. Four instructions for 16 codes and a row against the float loop's
 // eight (its shifts, masks, ors and two multiply-adds).
-template <int M, int R, bool Prefetch, typename O>
-void dot_tiles16(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t j, const Activations& a, O* out) {
+template <int M, int R, bool Prefetch, int P, typename O>
+void dot_tiles16(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t j, const Activations& a, int64_t m0,
+                 O* out) {
   [[maybe_unused]] const int64_t k = a.k, groups = a.groups;
 #if defined(__AVX2__) && defined(__FMA__)
   pass_in_halves<M, R, Prefetch>(w, c, n, j, a, out, [&](auto g, const Tile& tile, int h, __m256(&acc)[R][M]) {
-    half_tile16<M, R, decltype(g)::value>(w, c, j, a, tile, h, acc);
+    half_tile16<M, R, decltype(g)::value, P>(w, c, j, a, m0, tile, h, acc);
   });
 #else
   for (int r = 0; r < R; ++r) {
@@ -558,10 +599,10 @@ void dot_tiles16(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64
       int32_t part[M] = {};
       for (int cc = 0; cc < kGroup; ++cc) {
         const int32_t q = code_of(w, k, j + r, groups, g, cc);
-        for (int m = 0; m < M; ++m) part[m] += q * a.x16[m * k + bf16_at(groups, g, cc)];
+        for (int m = 0; m < M; ++m) part[m] += q * a.x16[a.x16_at(m0 + m, bf16_at(groups, g, cc))];
       }
       for (int m = 0; m < M; ++m)
-        acc[m] = std::fma(static_cast<float>(part[m]), c.scale[r * groups + g] * a.x16_scales[m * groups + g], acc[m]);
+        acc[m] = std::fma(static_cast<float>(part[m]), c.scale[r * groups + g] * a.x16_scales[(m0 + m) * groups + g], acc[m]);
     }
     for (int m = 0; m < M; ++m) out[m * n + j + r] = static_cast<O>(acc[m] + c.rest_of(r, m));
   }
@@ -580,14 +621,7 @@ void dot_quads(const uint8_t* w, const radixserve::GroupScales& scales, const ra
   constexpr int R = RADIXSERVE_INT4_AVX2 ? (M == 1 ? 4 : M == 2 ? 2 : 1) : (M <= 4 ? 4 : 2);
   RowConstants<M, R> c(a.groups);
   for (int64_t j = begin * kQuad; j < end * kQuad; j += R) {
-    c.load(scales, lows, j, a, !a.x16.empty());
-    if (!a.x16.empty()) {
-      if (a.prefetch)
-        dot_tiles16<M, R, true>(w, c, n, j, a, out);
-      else
-        dot_tiles16<M, R, false>(w, c, n, j, a, out);
-      continue;
-    }
+    c.load(scales, lows, j, a, false);
 #if RADIXSERVE_INT4_BF16
     if (bf16) {
       if (a.prefetch)  // a template argument: the loop without it is the very same code
@@ -604,14 +638,67 @@ void dot_quads(const uint8_t* w, const radixserve::GroupScales& scales, const ra
   }
 }
 
-void check(const at::Tensor& x, const at::Tensor& w) {
+// The same with the activations rounded to int16 (dot_tiles16), any number of rows. One row: four
+// weight rows a pass, streaming the codes. More: a weight quad at a time, two of its rows against
+// four activation rows a pass (then the rest, 1-3). The quad (4 rows of K / 2 bytes: 3 KB at
+// K = 1536, 18 KB at 8960) streams from memory on its first pass and from the first-level cache
+// after, and each pass decodes its codes once for 8 (weight row, activation row) sums held in
+// registers: the decoding, not the multiplies, bounds these loops, so the more activation rows
+// share it the better (one core of the Zen 3 EPYC, all in cache: 2 weight rows x 4 activation rows
+// about 3.5 multiply-adds a ns, 4 x 2 2.5, 4 x 1 2.0). The float loop's way past 2 rows, one weight
+// row against all the activation rows, reread every activation for every weight row.
+// (`c` holds the scales and lows of rows j.. already: RowConstants::expand)
+template <int P, int M, int R, typename O>
+inline void pass16(RowConstants<M, R>& c, const uint8_t* w, int64_t n, int64_t j, const Activations& a, int64_t m0,
+                   O* out) {
+  c.rests(a, true, m0);
+  if (a.prefetch)
+    dot_tiles16<M, R, true, P>(w, c, n, j, a, m0, out + m0 * n);
+  else
+    dot_tiles16<M, R, false, P>(w, c, n, j, a, m0, out + m0 * n);
+}
+
+template <typename O>
+void dot_quads16(const uint8_t* w, const radixserve::GroupScales& scales, const radixserve::GroupScales& lows,
+                 int64_t n, int64_t begin, int64_t end, const Activations& a, int64_t rows, O* out) {
+  if (rows == 1) {
+    RowConstants<1, kQuad> one(a.groups);
+    for (int64_t j = begin * kQuad; j < end * kQuad; j += kQuad) {
+      one.expand(scales, lows, j, a.groups);
+      pass16<1>(one, w, n, j, a, 0, out);
+    }
+    return;
+  }
+  RowConstants<4, 2> four(a.groups);
+  RowConstants<3, 2> three(a.groups);
+  RowConstants<2, 2> two(a.groups);
+  RowConstants<1, 2> one(a.groups);
+  for (int64_t j = begin * kQuad; j < end * kQuad; j += kQuad)
+    for (int64_t r0 = j; r0 < j + kQuad; r0 += 2) {
+      int64_t m0 = 0;
+      if (rows >= 4) four.expand(scales, lows, r0, a.groups);
+      for (; m0 + 4 <= rows; m0 += 4) pass16<4>(four, w, n, r0, a, m0, out);
+      const auto rest = [&](auto& c) {
+        c.expand(scales, lows, r0, a.groups);
+        pass16<4>(c, w, n, r0, a, m0, out);
+      };
+      switch (rows - m0) {
+        case 3: rest(three); break;
+        case 2: rest(two); break;
+        case 1: rest(one); break;
+        default: break;
+      }
+    }
+}
+
+void check(const at::Tensor& x, const at::Tensor& w, bool int16_activations) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "int4_gemv: x is a CPU [rows, K] float32 or bfloat16 tensor");
   TORCH_CHECK(x.size(1) % kBlock == 0, "int4_gemv: K is a multiple of 128");
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kByte && w.size(1) * 2 == x.size(1) &&
                   w.size(0) % kQuad == 0,
               "int4_gemv: codes are contiguous uint8 [N, K / 2] with K = x's width and N a multiple of 4");
-  TORCH_CHECK(x.size(0) <= kMaxRows, "int4_gemv: at most 8 rows a call");
+  TORCH_CHECK(int16_activations || x.size(0) <= kMaxRows, "int4_gemv: at most 8 rows a call (any with int16 activations)");
 }
 
 // A bf16 activation's bits (only called on bf16 ones; the float dtypes' instantiations never run it).
@@ -628,7 +715,7 @@ uint16_t bf16_bits(T v) {
 at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& lows,
                      const std::optional<at::Tensor>& scale_steps, const std::optional<at::Tensor>& low_steps,
                      bool int16_activations) {
-  check(x, w);
+  check(x, w, int16_activations);
   const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
   const auto sg = radixserve::GroupScales::of(scales, scale_steps, n, k / kGroup, "int4_gemv");
   const auto lg = radixserve::GroupScales::of(lows, low_steps, n, k / kGroup, "int4_gemv lows");
@@ -649,6 +736,7 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 15) / k);  // quads; small layers stay on one thread
   const auto run = [&](auto* op) {
     at::parallel_for(0, n / kQuad, grain, [&](int64_t begin, int64_t end) {
+      if (int16_activations) return dot_quads16(wp, sg, lg, n, begin, end, a, rows, op);
       radixserve::with_row_count(rows, [&](auto count) {
         constexpr int M = decltype(count)::value;
         dot_quads<M>(wp, sg, lg, n, begin, end, a, bf16, op);
@@ -659,21 +747,25 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
     const scalar_t* xs = x.data_ptr<scalar_t>();
     if (int16_activations) {
       // each row rounded a group at a time, then its codes moved to the tiles' order (bf16's)
-      a.x16.resize(rows * k);
+      a.interleave = rows == 1 ? 1 : 4;
+      a.x16.resize((rows + a.interleave - 1) / a.interleave * a.interleave * k);
       a.x16_scales.resize(rows * a.groups);
-      std::vector<float> row(k);
-      std::vector<int16_t> codes(k);
-      for (int64_t m = 0; m < rows; ++m) {
-        for (int64_t i = 0; i < k; ++i) row[i] = static_cast<float>(xs[m * x.stride(0) + i * x.stride(1)]);
-        for (int64_t g = 0; g < a.groups; ++g) {
-          float sum = 0.f;
-          for (int64_t i = g * kGroup; i < (g + 1) * kGroup; ++i) sum += row[i];
-          a.sums[m * a.groups + g] = sum;
+      // (rows in parallel: a prompt's hundreds of rows took longer here than in the products)
+      at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 14) / k), [&](int64_t first, int64_t last) {
+        std::vector<float> row(k);
+        std::vector<int16_t> codes(k), tiled(k);
+        for (int64_t m = first; m < last; ++m) {
+          for (int64_t i = 0; i < k; ++i) row[i] = static_cast<float>(xs[m * x.stride(0) + i * x.stride(1)]);
+          for (int64_t g = 0; g < a.groups; ++g) {
+            float sum = 0.f;
+            for (int64_t i = g * kGroup; i < (g + 1) * kGroup; ++i) sum += row[i];
+            a.sums[m * a.groups + g] = sum;
+          }
+          radixserve::round_to_int16(row.data(), k, kGroup, codes.data(), a.x16_scales.data() + m * a.groups);
+          to_tile_order(reinterpret_cast<const uint16_t*>(codes.data()), a.groups, reinterpret_cast<uint16_t*>(tiled.data()));
+          for (int64_t e = 0; e < k; e += 8) std::memcpy(&a.x16[a.x16_at(m, e)], &tiled[e], 16);  // pieces of 8 or 16
         }
-        radixserve::round_to_int16(row.data(), k, kGroup, codes.data(), a.x16_scales.data() + m * a.groups);
-        to_tile_order(reinterpret_cast<const uint16_t*>(codes.data()), a.groups,
-                      reinterpret_cast<uint16_t*>(a.x16.data() + m * k));
-      }
+      });
       a.prefetch = radixserve::activations_spill(rows * k * 2);
       run(out.data_ptr<scalar_t>());
       return;

@@ -4,7 +4,9 @@ takes about the file's size in RAM (`--quantization gguf`, the default for a GGU
 kernels read its formats).
 
 - A product of at most WIDE_ROWS rows (decode steps) runs the kernels over the codes in one
-  pass: it only streams the weights, and the codes are the fewest bytes to stream. Past one pass
+  pass: it only streams the weights, and the codes are the fewest bytes to stream. With the
+  activations rounded to int16 (AVX2's default) the kernels take up to INT16_ROWS rows a call,
+  ahead of the wide paths: their integer loops share each decoded code among 4 rows. Past one pass
   the kernels' float multiply-adds cost more than dequantizing, except the int4 kernel's, whose
   two passes still win at 16 rows (`kernel_rows`; one 8192 x 2048 layer, 2 threads, Zen 4, bf16:
   int4 3.9 ms at 16 rows against 5.4 through slices; int8 8.5 against 4.3).
@@ -40,9 +42,10 @@ Groups = Int4Groups | PackedInt4Groups | Int8Groups
 
 
 def few_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
-    if x.shape[0] <= FEW_ROWS:
+    step = getattr(weight, "rows_a_call", FEW_ROWS)
+    if x.shape[0] <= step:
         return weight.few(x)
-    return torch.cat([weight.few(part) for part in x.split(FEW_ROWS)])
+    return torch.cat([weight.few(part) for part in x.split(step)])
 
 
 def wide_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
@@ -65,7 +68,7 @@ def wide_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
 
 def block_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
     rows = x.shape[0]
-    if rows <= WIDE_ROWS:
+    if rows <= WIDE_ROWS or rows <= getattr(weight, "integer_rows", 0):  # int16 loops: ahead of any wide path
         return few_product(weight, x)
     wide = getattr(weight, "wide_copy", None)  # a packed copy, where the model is small (add_wide_copies)
     if wide is not None:

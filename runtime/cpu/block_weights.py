@@ -2,7 +2,8 @@
 
 Each kind holds one [N, K] weight (or a run of a fused projection's rows) in the layout a CPU
 kernel reads, and answers three questions with no other copy of it:
-- `few(x)`: x @ W.T for up to FEW_ROWS rows (a decode step), the kernel reading the codes;
+- `few(x)`: x @ W.T for up to `rows_a_call` rows (a decode step: FEW_ROWS, or INT16_ROWS with
+  the activations rounded to int16), the kernel reading the codes;
 - `dequantize(start, stop, dtype)`: rows [start, stop) of W in the activations' dtype, for the
   wide products (prefill) that runtime/cpu/block_linear.py computes a slice at a time;
 - `rows(ids, dtype)`: rows of W by index (the token embedding, whose codes are the vocabulary).
@@ -38,7 +39,12 @@ from runtime.loading.gguf_groups import GROUP as INT4_GROUP
 from runtime.loading.gguf_groups import Int4Groups, PackedInt4Groups
 from runtime.loading.gguf_int8_groups import Int8Groups
 
-FEW_ROWS = 8  # the most rows one call of the group and int4 kernels takes
+FEW_ROWS = 8  # the most rows one call of the group and int4 kernels takes with exact activations
+# With activations rounded to int16 (the default on AVX2), the kernels take any number of rows a
+# call and beat dequantized slices and torch's float GEMM up to here, wide copies included (2-core
+# Zen 3, 2 threads, 1.5B shapes' gate/up and down layers: 16 rows 5-8 ms against 13-23, 32 rows
+# 9-14 against 14-27; even at 64): block_linear.block_product.
+INT16_ROWS = 32
 
 
 class BlockWeight(Protocol):
@@ -112,6 +118,18 @@ class Int8Blocks:
         self.codes = groups.codes.contiguous()
         self.scales, self.steps = compact_scales(groups.scales, groups.group)
         self.shape, self.group = groups.shape, groups.group
+
+    @property
+    def kernel_rows(self) -> int:
+        return INT16_ROWS if rounds_to_int16(self) else FEW_ROWS
+
+    @property
+    def integer_rows(self) -> int:
+        return INT16_ROWS if rounds_to_int16(self) else 0
+
+    @property
+    def rows_a_call(self) -> int:
+        return INT16_ROWS if rounds_to_int16(self) else FEW_ROWS
 
     def few(self, x: torch.Tensor) -> torch.Tensor:
         return ops().group_gemv(x, self.codes, self.scales, self.group, self.steps, rounds_to_int16(self))  # type: ignore[union-attr]
@@ -190,7 +208,6 @@ class Int4Blocks:
     wide_itself = False
     kept_tensors, kept_attrs = ("packed", "scales", "scale_steps", "lows", "low_steps"), ("shape",)
     row_multiple = 4  # dequantize() takes whole quads
-    kernel_rows = 2 * FEW_ROWS  # two passes of the kernel beat dequantized slices up to here (block_linear.py)
     int8_activations = False  # set where sums_in_integers() (block_linear.round_activations_to_int8)
     int16_activations: bool | None = None  # None: int16_activations_default(); False: `--exact-activations`
 
@@ -215,6 +232,21 @@ class Int4Blocks:
     def fits(shape: tuple[int, int]) -> bool:
         built = ops()
         return built is not None and bool(built.int4_gemv_fast()) and shape[1] % ONE_ROW_BLOCK == 0 and shape[0] % 4 == 0
+
+    @property
+    def kernel_rows(self) -> int:
+        """Rows up to which the kernel beats dequantized slices (block_linear.py): two passes of the
+        float loop at 16 rows."""
+        return INT16_ROWS if rounds_to_int16(self) else 2 * FEW_ROWS
+
+    @property
+    def integer_rows(self) -> int:
+        """Rows up to which the int16 loop serves a product ahead of any wide path (0: not rounding)."""
+        return INT16_ROWS if rounds_to_int16(self) else 0
+
+    @property
+    def rows_a_call(self) -> int:
+        return INT16_ROWS if rounds_to_int16(self) else FEW_ROWS
 
     def few(self, x: torch.Tensor) -> torch.Tensor:
         if self.int8_activations and x.dtype == torch.bfloat16:

@@ -53,7 +53,7 @@ def test_a_row_gives_the_same_bits_alone_and_in_a_batch() -> None:
 
 @pytest.mark.parametrize("group", [16, 32])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 33])  # any number a call: 4 at a time, then 1-3
 def test_int16_activations_err_by_at_most_their_rounding(group: int, dtype: torch.dtype, rows: int) -> None:
     """The integer loop (kernels/csrc/activations16.h; the default where int16_activations_default()):
     each group of activations rounded to int16 against its largest, so a product errs by at most
@@ -72,11 +72,12 @@ def test_int16_activations_err_by_at_most_their_rounding(group: int, dtype: torc
 
 def test_int16_activations_a_row_the_same_alone_and_in_a_batch() -> None:
     codes, scales, _ = weights(300, 128, 16, seed=3)
-    x = torch.randn(8, 128)
+    x = torch.randn(14, 128)
     x[2] = 0
     together = ops().group_gemv(x, codes, scales, 16, None, True)
-    for i in range(8):
+    for i in range(14):
         assert torch.equal(ops().group_gemv(x[i:i + 1], codes, scales, 16, None, True)[0], together[i])
+    assert torch.equal(ops().group_gemv(x[5:11], codes, scales, 16, None, True), together[5:11])
     assert torch.equal(together[2], torch.zeros(300))
 
 

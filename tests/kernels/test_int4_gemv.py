@@ -75,7 +75,7 @@ def test_a_row_gives_the_same_bits_alone_and_in_a_batch() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 11, 33])  # any number a call: passes of 4, then 1-3
 @pytest.mark.parametrize("k", [384, 1152])
 def test_int16_activations_err_by_at_most_their_rounding(dtype: torch.dtype, rows: int, k: int) -> None:
     """The integer loop (kernels/csrc/activations16.h, the default where int4_gemv_int16_default()):
@@ -91,18 +91,26 @@ def test_int16_activations_err_by_at_most_their_rounding(dtype: torch.dtype, row
     slack = 0 if dtype == torch.float32 else 8e-3 * want.abs().max().item()  # bf16's rounding of the result
     assert ((out.double() - want).abs() <= bound + 1e-6 * want.abs().max().item() + slack).all()
     if dtype == torch.float32:  # another loop (bf16's rounding of the result may hide it)
-        assert not torch.equal(out, ops().int4_gemv(x, pack_blocks(q), scales, lows))
+        assert not torch.equal(out[:8], ops().int4_gemv(x[:8], pack_blocks(q), scales, lows))  # 8 rows a call
 
 
 def test_int16_activations_a_row_the_same_alone_and_in_a_batch_and_zero_rows_are_zero() -> None:
+    """Alone (four weight rows a pass), in passes of 4 activation rows and in the last 1-3: the
+    same bits. 640 = a full tile of 16 groups and a small one of 4."""
     q, scales, lows, exact = weights(64, 640, seed=4)
     codes = pack_blocks(q)
-    x = torch.randn(8, 640)
+    x = torch.randn(13, 640)
     x[3] = 0  # a row of zeros: scale 0, codes 0, only the lows' term (0) left
     together = ops().int4_gemv(x, codes, scales, lows, None, None, True)
-    for i in range(8):
+    for i in range(13):
         assert torch.equal(ops().int4_gemv(x[i:i + 1], codes, scales, lows, None, None, True)[0], together[i])
+    for start, stop in ((0, 2), (5, 8), (9, 13)):
+        assert torch.equal(ops().int4_gemv(x[start:stop], codes, scales, lows, None, None, True), together[start:stop])
     assert torch.equal(together[3], torch.zeros(64))
+    assert ops().int4_gemv(x[:0], codes, scales, lows, None, None, True).shape == (0, 64)
+    strided = torch.randn(6, 1280)[:, ::2]  # not contiguous: read with its strides
+    assert torch.equal(ops().int4_gemv(strided, codes, scales, lows, None, None, True),
+                       ops().int4_gemv(strided.contiguous(), codes, scales, lows, None, None, True))
 
 
 def test_strided_rows() -> None:
