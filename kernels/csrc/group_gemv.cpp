@@ -50,7 +50,8 @@
 
 namespace {
 
-constexpr int64_t kMaxRows = 8;  // rows read with one pass over the weights
+constexpr int64_t kMaxRows = 8;  // rows read with one pass over the weights (with exact activations)
+constexpr int64_t kBlockBytes = int64_t{64} << 10;  // weights dot_rows16 takes a block at a time
 
 #if defined(__AVX2__) && defined(__FMA__)
 // A weight row's groups in turn, A at a time into A accumulators (one_group(g, acc[a])), the
@@ -236,24 +237,31 @@ inline void row16(const int8_t* wj, int64_t k, int64_t group, const int16_t* x16
 }
 
 // Weight rows [begin, end) against `rows` activation rows rounded to int16 (x16 [rows, k], xs
-// [rows, groups] their scales), into out[m * n + j]: each weight row against the activation rows
-// four at a time (the weight row in the first-level cache after the first four). All of them at
-// once took 3 registers a row, which AVX2's 16 ran out of past 4 rows (spills, and past 8 rows
-// no kernel: 16 decode rows went to dequantized slices and a float GEMM, 2-4 times slower).
+// [rows, groups] their scales), into out[m * n + j]: the weight rows in blocks of about
+// kBlockBytes (kept in the second-level cache), each block against the activation rows four at a
+// time (those in the first-level cache: 12 KB at K = 1536). All the activation rows at once took
+// 3 registers a row, which AVX2's 16 ran out of past 4 rows (spills; and past 8 rows there was no
+// kernel: 16 decode rows went to dequantized slices and a float GEMM, 2-4 times slower); a weight
+// row at a time against all the rows brought them all through the first-level cache again for
+// every weight row.
 template <typename O>
 void dot_rows16(const int8_t* w, const radixserve::GroupScales& scales, int64_t n, int64_t k, int64_t group,
                 int64_t begin, int64_t end, const int16_t* x16, const float* xs, int64_t rows, O* out) {
-  const int64_t groups = k / group;
-  std::vector<float> row_scales(groups), both(rows * groups);  // both: weights' scale x activations'
-  for (int64_t j = begin; j < end; ++j) {
-    const int8_t* wj = w + j * k;
-    scales.expand(j, 1, row_scales.data());
-    for (int64_t m = 0; m < rows; ++m)
-      for (int64_t g = 0; g < groups; ++g) both[m * groups + g] = row_scales[g] * xs[m * groups + g];
+  const int64_t groups = k / group, block = std::max<int64_t>(1, kBlockBytes / k);
+  std::vector<float> row_scales(block * groups), both(4 * groups);  // both: weights' scale x activations'
+  for (int64_t b0 = begin; b0 < end; b0 += block) {
+    const int64_t b1 = std::min(end, b0 + block);
+    scales.expand(b0, b1 - b0, row_scales.data());
     for (int64_t m0 = 0; m0 < rows; m0 += 4)
       radixserve::with_row_count(std::min<int64_t>(4, rows - m0), [&](auto count) {
         constexpr int M = decltype(count)::value;
-        if constexpr (M <= 4) row16<M>(wj, k, group, x16 + m0 * k, both.data() + m0 * groups, out + m0 * n + j, n);
+        if constexpr (M <= 4)
+          for (int64_t j = b0; j < b1; ++j) {
+            const float* sj = row_scales.data() + (j - b0) * groups;
+            for (int m = 0; m < M; ++m)
+              for (int64_t g = 0; g < groups; ++g) both[m * groups + g] = sj[g] * xs[(m0 + m) * groups + g];
+            row16<M>(w + j * k, k, group, x16 + m0 * k, both.data(), out + m0 * n + j, n);
+          }
       });
   }
 }

@@ -82,6 +82,7 @@ namespace {
 
 using namespace radixserve::int4;  // the layout: kGroup, kBlock, kQuad, kMaxRows, block_at
 constexpr uint32_t kBase = 0x43000000u;  // float32 128's bits; 0x4300 is bf16 128's
+constexpr int64_t kBlockBytes = int64_t{128} << 10;  // codes dot_quads16 takes a block at a time
 
 // The activations of one call, prepared once and read by every weight row, in the tiles' order
 // (int4_blocks.h): in a tile of G groups, dot product i (0..15) reads codes 2i and 2i + 1 of
@@ -550,7 +551,9 @@ inline void half_tile16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j
     for (int t = 0; t < 4; ++t) {
       RADIXSERVE_UNROLL
       for (int r = 0; r < R; ++r) {
-        const __m256i codes = _mm256_and_si256(_mm256_srli_epi16(words[r], 4 * t), nibble);
+        // (the top nibble needs no mask: a shift by 12 leaves only it)
+        const __m256i codes = t == 3 ? _mm256_srli_epi16(words[r], 12)
+                                     : _mm256_and_si256(_mm256_srli_epi16(words[r], 4 * t), nibble);
         RADIXSERVE_UNROLL
         for (int m = 0; m < M; ++m)
           tacc[r][m] = _mm256_add_epi32(tacc[r][m], _mm256_madd_epi16(codes, half_words<G>(xt + (4 * v + t) * 2 * TG * P + m * 2 * G)));
@@ -673,22 +676,28 @@ void dot_quads16(const uint8_t* w, const radixserve::GroupScales& scales, const 
   RowConstants<3, 2> three(a.groups);
   RowConstants<2, 2> two(a.groups);
   RowConstants<1, 2> one(a.groups);
-  for (int64_t j = begin * kQuad; j < end * kQuad; j += kQuad)
-    for (int64_t r0 = j; r0 < j + kQuad; r0 += 2) {
-      int64_t m0 = 0;
-      if (rows >= 4) four.expand(scales, lows, r0, a.groups);
-      for (; m0 + 4 <= rows; m0 += 4) pass16<4>(four, w, n, r0, a, m0, out);
-      const auto rest = [&](auto& c) {
-        c.expand(scales, lows, r0, a.groups);
-        pass16<4>(c, w, n, r0, a, m0, out);
+  // The quads in blocks of about kBlockBytes of codes, each block against the activation rows four
+  // at a time: a block stays in the second-level cache while the passes of each four rows read it,
+  // and those rows' activations in the first (12 KB at K = 1536). Quad by quad, every pass brought
+  // all the rows' activations through the first-level cache again: 16 rows at K = 1536, 48 KB.
+  const int64_t block = std::max<int64_t>(1, kBlockBytes / (kQuad * a.k / 2));
+  for (int64_t q0 = begin; q0 < end; q0 += block) {
+    const int64_t q1 = std::min(end, q0 + block);
+    for (int64_t m0 = 0; m0 < rows; m0 += 4) {
+      const auto passes = [&](auto& c) {
+        for (int64_t r0 = q0 * kQuad; r0 < q1 * kQuad; r0 += 2) {
+          c.expand(scales, lows, r0, a.groups);
+          pass16<4>(c, w, n, r0, a, m0, out);
+        }
       };
-      switch (rows - m0) {
-        case 3: rest(three); break;
-        case 2: rest(two); break;
-        case 1: rest(one); break;
-        default: break;
+      switch (std::min<int64_t>(4, rows - m0)) {
+        case 4: passes(four); break;
+        case 3: passes(three); break;
+        case 2: passes(two); break;
+        default: passes(one); break;
       }
     }
+  }
 }
 
 void check(const at::Tensor& x, const at::Tensor& w, bool int16_activations) {
