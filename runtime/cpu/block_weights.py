@@ -107,7 +107,29 @@ def _quad_rows(packed: torch.Tensor, ids: torch.Tensor, k: int,
     return dequantize(picked, four).view(-1, 4, k)[torch.arange(len(ids)), ids % 4]
 
 
-class Int8Blocks:
+class KernelRows:
+    """How many activation rows the group and int4 kernels take, for block_linear.block_product:
+    with the activations rounded to int16 (rounds_to_int16), INT16_ROWS a call, ahead of any wide
+    path; with exact ones FEW_ROWS a call, and `exact_kernel_rows` before dequantized slices."""
+
+    exact_kernel_rows = FEW_ROWS
+
+    @property
+    def kernel_rows(self) -> int:
+        """Rows up to which the kernel beats dequantized slices."""
+        return INT16_ROWS if rounds_to_int16(self) else self.exact_kernel_rows  # type: ignore[arg-type]
+
+    @property
+    def integer_rows(self) -> int:
+        """Rows up to which the int16 loop serves a product ahead of any wide path (0: not rounding)."""
+        return INT16_ROWS if rounds_to_int16(self) else 0  # type: ignore[arg-type]
+
+    @property
+    def rows_a_call(self) -> int:
+        return INT16_ROWS if rounds_to_int16(self) else FEW_ROWS  # type: ignore[arg-type]
+
+
+class Int8Blocks(KernelRows):
     """w[n, k] = scales[n, k // group] * codes[n, k] (scales in compact_scales' form)."""
 
     wide_itself = False
@@ -118,18 +140,6 @@ class Int8Blocks:
         self.codes = groups.codes.contiguous()
         self.scales, self.steps = compact_scales(groups.scales, groups.group)
         self.shape, self.group = groups.shape, groups.group
-
-    @property
-    def kernel_rows(self) -> int:
-        return INT16_ROWS if rounds_to_int16(self) else FEW_ROWS
-
-    @property
-    def integer_rows(self) -> int:
-        return INT16_ROWS if rounds_to_int16(self) else 0
-
-    @property
-    def rows_a_call(self) -> int:
-        return INT16_ROWS if rounds_to_int16(self) else FEW_ROWS
 
     def few(self, x: torch.Tensor) -> torch.Tensor:
         return ops().group_gemv(x, self.codes, self.scales, self.group, self.steps, rounds_to_int16(self))  # type: ignore[union-attr]
@@ -201,13 +211,14 @@ def rounds_to_int16(weight: Int8Blocks | Int4Blocks) -> bool:
     return int16_activations_default() if weight.int16_activations is None else weight.int16_activations
 
 
-class Int4Blocks:
+class Int4Blocks(KernelRows):
     """w[n, k] = scales[n, g] * q[n, k] + lows[n, g], g = k // 32, in int4_blocks.h's layout: blocks
     of 128 codes as 32 16-bit words in tiles of 16 groups, rows in quads."""
 
     wide_itself = False
     kept_tensors, kept_attrs = ("packed", "scales", "scale_steps", "lows", "low_steps"), ("shape",)
     row_multiple = 4  # dequantize() takes whole quads
+    exact_kernel_rows = 2 * FEW_ROWS  # the float loop's two passes still beat dequantized slices at 16 rows
     int8_activations = False  # set where sums_in_integers() (block_linear.round_activations_to_int8)
     int16_activations: bool | None = None  # None: int16_activations_default(); False: `--exact-activations`
 
@@ -232,21 +243,6 @@ class Int4Blocks:
     def fits(shape: tuple[int, int]) -> bool:
         built = ops()
         return built is not None and bool(built.int4_gemv_fast()) and shape[1] % ONE_ROW_BLOCK == 0 and shape[0] % 4 == 0
-
-    @property
-    def kernel_rows(self) -> int:
-        """Rows up to which the kernel beats dequantized slices (block_linear.py): two passes of the
-        float loop at 16 rows."""
-        return INT16_ROWS if rounds_to_int16(self) else 2 * FEW_ROWS
-
-    @property
-    def integer_rows(self) -> int:
-        """Rows up to which the int16 loop serves a product ahead of any wide path (0: not rounding)."""
-        return INT16_ROWS if rounds_to_int16(self) else 0
-
-    @property
-    def rows_a_call(self) -> int:
-        return INT16_ROWS if rounds_to_int16(self) else FEW_ROWS
 
     def few(self, x: torch.Tensor) -> torch.Tensor:
         if self.int8_activations and x.dtype == torch.bfloat16:

@@ -12,8 +12,8 @@ import torch
 from kernels.cpu_ops import ops
 from runtime.cpu import block_linear
 from runtime.cpu.block_linear import BlockEmbedding, BlockLinear, block_product, keep_activations_exact
-from runtime.cpu.block_weights import (DenseBlocks, Int4Blocks, Int8Blocks, TorchInt4Blocks, block_weight,
-                                       int16_activations_default)
+from runtime.cpu.block_weights import (FEW_ROWS, INT16_ROWS, DenseBlocks, Int4Blocks, Int8Blocks, TorchInt4Blocks,
+                                       block_weight, int16_activations_default)
 from runtime.loading.gguf_groups import Int4Groups
 from runtime.loading.gguf_int8_groups import Int8Groups
 
@@ -97,6 +97,27 @@ def test_wide_products_go_a_slice_at_a_time(monkeypatch: pytest.MonkeyPatch) -> 
         monkeypatch.setattr(block_linear, "SLICE_ELEMENTS", 3 * K)
         assert (block_linear.wide_product(weight, x) - whole).norm() <= 1e-6 * whole.norm()
         monkeypatch.undo()
+
+
+def test_int16_layers_take_up_to_int16_rows_from_the_codes_each_row_as_alone() -> None:
+    """Rounding to int16, the kernels serve up to INT16_ROWS rows a product ahead of dequantized
+    slices and wide copies (a decode batch of 16 streams, a short prompt), a row's bits the same
+    as alone; past that, the wide path. Exact activations: FEW_ROWS a call."""
+    weights = [Int8Blocks(int8_groups(16, torch.float32))]
+    if Int4Blocks.fits((N, K)):
+        weights.append(Int4Blocks(int4_groups(half=False)))
+    x = torch.randn(40, K)
+    for weight in weights:
+        weight.int16_activations = True
+        weight.wide_copy = lambda rows: pytest.fail("an int16 layer's 9-32 rows went to its wide copy")
+        assert weight.rows_a_call == weight.integer_rows == INT16_ROWS
+        together = block_product(weight, x[:INT16_ROWS])
+        for i in (0, 7, 8, 16, INT16_ROWS - 1):
+            assert torch.equal(block_product(weight, x[i:i + 1])[0], together[i])
+        del weight.wide_copy
+        assert torch.equal(block_product(weight, x), block_linear.wide_product(weight, x))  # past INT16_ROWS
+        weight.int16_activations = False
+        assert weight.rows_a_call == FEW_ROWS and weight.integer_rows == 0
 
 
 def test_a_fused_projection_of_mixed_formats() -> None:
