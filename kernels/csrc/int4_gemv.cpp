@@ -771,8 +771,18 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
             a.sums[m * a.groups + g] = sum;
           }
           radixserve::round_to_int16(row.data(), k, kGroup, codes.data(), a.x16_scales.data() + m * a.groups);
+          if (a.interleave == 1) {  // one row: the tiles' order as it is
+            to_tile_order(reinterpret_cast<const uint16_t*>(codes.data()), a.groups,
+                          reinterpret_cast<uint16_t*>(a.x16.data() + m * k));
+            continue;
+          }
           to_tile_order(reinterpret_cast<const uint16_t*>(codes.data()), a.groups, reinterpret_cast<uint16_t*>(tiled.data()));
-          for (int64_t e = 0; e < k; e += 8) std::memcpy(&a.x16[a.x16_at(m, e)], &tiled[e], 16);  // pieces of 8 or 16
+          // x16_at's pieces (16 words in the full tiles, then 8), without its divisions: piece e of
+          // row m lies at the row group's start + e * interleave + (m % interleave) * piece
+          const int64_t full = a.groups / kTileGroups * kTileGroups * kGroup, P = a.interleave;
+          int16_t* group_rows = a.x16.data() + (m / P) * P * k;
+          for (int64_t e = 0; e < full; e += 16) std::memcpy(group_rows + e * P + (m % P) * 16, &tiled[e], 32);
+          for (int64_t e = full; e < k; e += 8) std::memcpy(group_rows + e * P + (m % P) * 8, &tiled[e], 16);
         }
       });
       a.prefetch = radixserve::activations_spill(rows * k * 2);
