@@ -253,15 +253,14 @@ void dot_rows16(const int8_t* w, const radixserve::GroupScales& scales, int64_t 
     const int64_t b1 = std::min(end, b0 + block);
     scales.expand(b0, b1 - b0, row_scales.data());
     for (int64_t m0 = 0; m0 < rows; m0 += 4)
-      radixserve::with_row_count(std::min<int64_t>(4, rows - m0), [&](auto count) {
+      radixserve::with_row_count<4>(std::min<int64_t>(4, rows - m0), [&](auto count) {
         constexpr int M = decltype(count)::value;
-        if constexpr (M <= 4)
-          for (int64_t j = b0; j < b1; ++j) {
-            const float* sj = row_scales.data() + (j - b0) * groups;
-            for (int m = 0; m < M; ++m)
-              for (int64_t g = 0; g < groups; ++g) both[m * groups + g] = sj[g] * xs[(m0 + m) * groups + g];
-            row16<M>(w + j * k, k, group, x16 + m0 * k, both.data(), out + m0 * n + j, n);
-          }
+        for (int64_t j = b0; j < b1; ++j) {
+          const float* sj = row_scales.data() + (j - b0) * groups;
+          for (int m = 0; m < M; ++m)
+            for (int64_t g = 0; g < groups; ++g) both[m * groups + g] = sj[g] * xs[(m0 + m) * groups + g];
+          row16<M>(w + j * k, k, group, x16 + m0 * k, both.data(), out + m0 * n + j, n);
+        }
       });
   }
 }

@@ -71,6 +71,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -99,14 +100,20 @@ struct Activations {
   int64_t interleave = 1;      // 1 for one row, else 4 (dot_quads16's passes take 4 activation rows)
   bool prefetch = false;       // the weight stream prefetched by hand (weight_prefetch.h)
 
-  // Where element e (in the tiles' order) of row m lies in x16. Rows come `interleave` at a time,
-  // a group of them in pieces of what one load of the loop takes: 16 words in the full tiles, 8
-  // in the small ones; so a pass's loads of its four rows are constant offsets from one address
-  // (with a row each, four bases and their arithmetic took the general registers, and the loads
-  // their own instructions: the loop ran at half its rate).
+  // x16's layout. Rows come `interleave` at a time, a group of them in pieces of what one load of
+  // the loop takes: 16 words in the full tiles (elements [0, full_words())), 8 in the small ones;
+  // so a pass's loads of its four rows are constant offsets from one address (with a row each,
+  // four bases and their arithmetic took the general registers, and the loads their own
+  // instructions: the loop ran at half its rate). The piece of row m starting at element e (a
+  // multiple of its piece) lies at row_pieces(m, piece) + e * interleave.
+  int64_t full_words() const { return groups / kTileGroups * kTileGroups * kGroup; }
+  int64_t row_pieces(int64_t m, int64_t piece) const {
+    return (m / interleave) * interleave * k + (m % interleave) * piece;
+  }
+  // Where element e (in the tiles' order) of row m lies in x16 (the portable loop's way in).
   int64_t x16_at(int64_t m, int64_t e) const {
-    const int64_t piece = e < groups / kTileGroups * kTileGroups * kGroup ? 16 : 8;
-    return (m / interleave) * interleave * k + (e / piece) * piece * interleave + (m % interleave) * piece + e % piece;
+    const int64_t piece = e < full_words() ? 16 : 8;
+    return row_pieces(m, piece) + (e - e % piece) * interleave + e % piece;
   }
 };
 
@@ -161,7 +168,6 @@ inline void zero(V (&acc)[R][M]) {
 // sum to it where the loop has vectors (the loop's accumulators start from it).
 template <int M, int R>
 struct RowConstants {
-  static constexpr int kRows = M;
   std::vector<float> scale, low;
 #if RADIXSERVE_INT4_AVX512
   __m512 rest[R][M];
@@ -180,22 +186,21 @@ struct RowConstants {
   }
 #endif
 
-  // `integer`: the constant of dot_tiles16's integer loop, sum_g low_g * sum_g(x) (no 128 trick).
-  // Activation rows m0.. (dot_quads' passes over a few of a call's rows).
+  // Both for the float loops (dot_quads: the 128 trick, all of a call's rows).
   void load(const radixserve::GroupScales& scales, const radixserve::GroupScales& lows, int64_t j,
-            const Activations& a, bool integer, int64_t m0 = 0) {
-    expand(scales, lows, j, a.groups);
-    rests(a, integer, m0);
+            const Activations& a) {
+    expand(scales, lows, j);
+    rests(a, false, 0);
   }
 
   // The scales and lows of weight rows j.. as floats (rows j.. are contiguous).
-  void expand(const radixserve::GroupScales& scales, const radixserve::GroupScales& lows, int64_t j, int64_t groups) {
-    (void)groups;
+  void expand(const radixserve::GroupScales& scales, const radixserve::GroupScales& lows, int64_t j) {
     scales.expand(j, R, scale.data());
     lows.expand(j, R, low.data());
   }
 
-  // rest from the expanded scales and lows, for activation rows m0..
+  // rest from the expanded scales and lows, for activation rows m0.. `integer`: the constant of
+  // dot_tiles16's integer loop, sum_g low_g * sum_g(x) (no 128 trick).
   void rests(const Activations& a, bool integer, int64_t m0) {
     const float shift = integer ? 0.f : 128.f;
     const int64_t groups = a.groups;
@@ -624,7 +629,7 @@ void dot_quads(const uint8_t* w, const radixserve::GroupScales& scales, const ra
   constexpr int R = RADIXSERVE_INT4_AVX2 ? (M == 1 ? 4 : M == 2 ? 2 : 1) : (M <= 4 ? 4 : 2);
   RowConstants<M, R> c(a.groups);
   for (int64_t j = begin * kQuad; j < end * kQuad; j += R) {
-    c.load(scales, lows, j, a, false);
+    c.load(scales, lows, j, a);
 #if RADIXSERVE_INT4_BF16
     if (bf16) {
       if (a.prefetch)  // a template argument: the loop without it is the very same code
@@ -667,15 +672,13 @@ void dot_quads16(const uint8_t* w, const radixserve::GroupScales& scales, const 
   if (rows == 1) {
     RowConstants<1, kQuad> one(a.groups);
     for (int64_t j = begin * kQuad; j < end * kQuad; j += kQuad) {
-      one.expand(scales, lows, j, a.groups);
+      one.expand(scales, lows, j);
       pass16<1>(one, w, n, j, a, 0, out);
     }
     return;
   }
-  RowConstants<4, 2> four(a.groups);
-  RowConstants<3, 2> three(a.groups);
-  RowConstants<2, 2> two(a.groups);
-  RowConstants<1, 2> one(a.groups);
+  std::tuple<RowConstants<1, 2>, RowConstants<2, 2>, RowConstants<3, 2>, RowConstants<4, 2>> constants{
+      a.groups, a.groups, a.groups, a.groups};  // by the pass's activation rows, 1-4
   // The quads in blocks of about kBlockBytes of codes, each block against the activation rows four
   // at a time: a block stays in the second-level cache while the passes of each four rows read it,
   // and those rows' activations in the first (12 KB at K = 1536). Quad by quad, every pass brought
@@ -683,20 +686,14 @@ void dot_quads16(const uint8_t* w, const radixserve::GroupScales& scales, const 
   const int64_t block = std::max<int64_t>(1, kBlockBytes / (kQuad * a.k / 2));
   for (int64_t q0 = begin; q0 < end; q0 += block) {
     const int64_t q1 = std::min(end, q0 + block);
-    for (int64_t m0 = 0; m0 < rows; m0 += 4) {
-      const auto passes = [&](auto& c) {
+    for (int64_t m0 = 0; m0 < rows; m0 += 4)
+      radixserve::with_row_count<4>(std::min<int64_t>(4, rows - m0), [&](auto count) {
+        auto& c = std::get<decltype(count)::value - 1>(constants);
         for (int64_t r0 = q0 * kQuad; r0 < q1 * kQuad; r0 += 2) {
-          c.expand(scales, lows, r0, a.groups);
+          c.expand(scales, lows, r0);
           pass16<4>(c, w, n, r0, a, m0, out);
         }
-      };
-      switch (std::min<int64_t>(4, rows - m0)) {
-        case 4: passes(four); break;
-        case 3: passes(three); break;
-        case 2: passes(two); break;
-        default: passes(one); break;
-      }
-    }
+      });
   }
 }
 
@@ -777,12 +774,12 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
             continue;
           }
           to_tile_order(reinterpret_cast<const uint16_t*>(codes.data()), a.groups, reinterpret_cast<uint16_t*>(tiled.data()));
-          // x16_at's pieces (16 words in the full tiles, then 8), without its divisions: piece e of
-          // row m lies at the row group's start + e * interleave + (m % interleave) * piece
-          const int64_t full = a.groups / kTileGroups * kTileGroups * kGroup, P = a.interleave;
-          int16_t* group_rows = a.x16.data() + (m / P) * P * k;
-          for (int64_t e = 0; e < full; e += 16) std::memcpy(group_rows + e * P + (m % P) * 16, &tiled[e], 32);
-          for (int64_t e = full; e < k; e += 8) std::memcpy(group_rows + e * P + (m % P) * 8, &tiled[e], 16);
+          // piece by piece (x16_at per element cost divisions: ~10 us a 2048-wide row)
+          const int64_t full = a.full_words(), P = a.interleave;
+          int16_t* const wide = a.x16.data() + a.row_pieces(m, 16);
+          int16_t* const narrow = a.x16.data() + a.row_pieces(m, 8);
+          for (int64_t e = 0; e < full; e += 16) std::memcpy(wide + e * P, &tiled[e], 32);
+          for (int64_t e = full; e < k; e += 8) std::memcpy(narrow + e * P, &tiled[e], 16);
         }
       });
       a.prefetch = radixserve::activations_spill(rows * k * 2);

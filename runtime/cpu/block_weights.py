@@ -110,14 +110,7 @@ def _quad_rows(packed: torch.Tensor, ids: torch.Tensor, k: int,
 class KernelRows:
     """How many activation rows the group and int4 kernels take, for block_linear.block_product:
     with the activations rounded to int16 (rounds_to_int16), INT16_ROWS a call, ahead of any wide
-    path; with exact ones FEW_ROWS a call, and `exact_kernel_rows` before dequantized slices."""
-
-    exact_kernel_rows = FEW_ROWS
-
-    @property
-    def kernel_rows(self) -> int:
-        """Rows up to which the kernel beats dequantized slices."""
-        return INT16_ROWS if rounds_to_int16(self) else self.exact_kernel_rows  # type: ignore[arg-type]
+    path; with exact ones FEW_ROWS a call."""
 
     @property
     def integer_rows(self) -> int:
@@ -218,7 +211,7 @@ class Int4Blocks(KernelRows):
     wide_itself = False
     kept_tensors, kept_attrs = ("packed", "scales", "scale_steps", "lows", "low_steps"), ("shape",)
     row_multiple = 4  # dequantize() takes whole quads
-    exact_kernel_rows = 2 * FEW_ROWS  # the float loop's two passes still beat dequantized slices at 16 rows
+    kernel_rows = 2 * FEW_ROWS  # the float loop's two passes beat dequantized slices up to here (block_linear.py)
     int8_activations = False  # set where sums_in_integers() (block_linear.round_activations_to_int8)
     int16_activations: bool | None = None  # None: int16_activations_default(); False: `--exact-activations`
 
