@@ -88,10 +88,15 @@ struct GroupScales {
           _mm512_storeu_ps(dst + i, _mm512_mul_ps(s, c));
         }
 #elif defined(__AVX2__)
+      // a step at a time, its span 8 codes a vector: `step[i / span]` per vector was a 64-bit
+      // division each 8 groups, which cost the int16 loops' one-row calls a tenth of their time
       if (span % 8 == 0)
-        for (; i + 8 <= total; i += 8) {
-          const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i))));
-          _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_set1_ps(step[i / span]), c));
+        for (int64_t s = 0; i + span <= total; ++s) {
+          const __m256 by = _mm256_set1_ps(step[s]);
+          for (const int64_t stop = i + span; i < stop; i += 8) {
+            const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i))));
+            _mm256_storeu_ps(dst + i, _mm256_mul_ps(by, c));
+          }
         }
 #endif
       for (; i < total; i += span) {
