@@ -49,11 +49,18 @@ bool factor_span(const float* v, int64_t span, int8_t* codes, float* step) {
     mant[i] <<= shift;
     divisor = std::gcd(divisor, mant[i]);
   }
-  const float s = static_cast<float>(std::ldexp(static_cast<double>(divisor), low - 150));
+  float s = static_cast<float>(std::ldexp(static_cast<double>(divisor), low - 150));
   if (static_cast<double>(s) != std::ldexp(static_cast<double>(divisor), low - 150)) return false;
+  // A negative step where only it keeps the codes in [-128, 127]: llama.cpp's Q6_K quantizer
+  // stores a negative d where a super-block's largest scale is positive, so that scale is
+  // d * -128, a positive value 128 steps of |d| away (half the spans of a Qwen2.5 output layer).
+  bool flip = false;
+  for (int64_t i = 0; i < span; ++i)
+    if (!std::signbit(v[i]) && mant[i] / divisor == 128u) flip = true;
+  if (flip) s = -s;
   for (int64_t i = 0; i < span; ++i) {
     const uint64_t c = mant[i] / divisor;
-    const bool negative = std::signbit(v[i]);
+    const bool negative = std::signbit(v[i]) != flip;  // the code's sign
     if (c > (negative ? 128u : 127u)) return false;
     const int code = negative ? -static_cast<int>(c) : static_cast<int>(c);
     if (s * static_cast<float>(code) != v[i]) return false;

@@ -20,18 +20,23 @@ from runtime.loading.gguf_int8_groups import Int8Groups
 pytestmark = pytest.mark.skipif(ops() is None, reason="the CPU kernels could not be built here")
 
 
-def kquant_scales(n: int, groups: int, span: int, low: int, high: int, seed: int = 0) -> torch.Tensor:
+def kquant_scales(n: int, groups: int, span: int, low: int, high: int, seed: int = 0, sign: float = 1.0) -> torch.Tensor:
     """float32 [n, groups]: a float16 d per span times integers in [low, high], as a k-quant's."""
     g = torch.Generator().manual_seed(seed)
-    d = (torch.rand(n, groups // span, 1, generator=g) * 1e-2).half().float()
+    d = (torch.rand(n, groups // span, 1, generator=g) * 1e-2 * sign).half().float()
     ints = torch.randint(low, high + 1, (n, groups // span, span), generator=g).float()
     return (d * ints).reshape(n, groups)
 
 
-@pytest.mark.parametrize(("span", "low", "high"), [(8, 0, 63), (8, -63, 0), (16, -128, 127)],
-                         ids=["q4k-scales", "q4k-mins", "q6k-scales"])
-def test_kquant_scales_factor_exactly(span: int, low: int, high: int) -> None:
-    values = kquant_scales(64, 64, span, low, high)
+# llama.cpp's Q6_K quantizer stores a negative d where a super-block's largest scale is positive:
+# that scale is d * -128, 128 steps of |d| above zero, so its span factors with a negative step
+@pytest.mark.parametrize(("span", "low", "high", "sign"), [(8, 0, 63, 1), (8, -63, 0, 1), (16, -128, 127, 1),
+                                                         (16, -128, 127, -1)],
+                         ids=["q4k-scales", "q4k-mins", "q6k-scales", "q6k-scales-negative-d"])
+def test_kquant_scales_factor_exactly(span: int, low: int, high: int, sign: float) -> None:
+    values = kquant_scales(64, 64, span, low, high, sign=sign)
+    if span == 16:  # a positive value 128 steps up: a negative step (codes -128, 127, -3, ...)
+        values[5, :span] = torch.tensor(3e-4).half().float() * torch.tensor([128.0, -127.0, 3.0] + [0.0] * 13)
     values[3, :span] = 0  # a span of zeros
     codes, steps = ops().factor_scales(values, span)
     assert codes.dtype == torch.int8 and codes.shape == values.shape and steps.shape == (64, 64 // span)
