@@ -3,8 +3,9 @@ attention; group_gemv.cpp: few-row products with a GGUF's 8-bit group weights; i
 few-row products with 4-bit group weights; group_dequant.cpp: rows of either dequantized for wide
 products; group_scales.cpp: a GGUF's float32 group scales factored into a byte a group;
 gguf_blocks.cpp: a GGUF's quantized blocks decoded into the layouts those kernels read;
-q6_gemv.cpp: few-row products with 6-bit codes and bf16 activations; int4_q8_gemv.cpp: few-row
-products of 4-bit k-quant codes with int8 activations), once per machine.
+q6_gemv.cpp: few-row products with 6-bit codes and bf16 activations; int4_q8_gemv.cpp and
+group_q8_gemv.cpp: few-row products of 4-bit (Q4_K) and 6-bit (Q6_K) k-quant codes with int8
+activations), once per machine.
 
 The files are compiled into one library with the machine's own compiler for its own cores
 (`-march=native`) by torch's C++ extension builder, into `~/.cache/radixserve/cpu-ops/<key>`
@@ -33,9 +34,11 @@ import torch
 logger = logging.getLogger(__name__)
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("cpu_ops.cpp", "group_gemv.cpp", "int4_gemv.cpp",
                                                                          "group_dequant.cpp", "group_scales.cpp",
-                                                                         "gguf_blocks.cpp", "q6_gemv.cpp", "int4_q8_gemv.cpp"))
+                                                                         "gguf_blocks.cpp", "q6_gemv.cpp", "int4_q8_gemv.cpp",
+                                                                         "group_q8_gemv.cpp"))
 HEADERS = tuple(Path(__file__).with_name("csrc") / name for name in ("row_count.h", "group_scales.h", "weight_store.h",
-                                                                        "weight_prefetch.h", "int4_blocks.h", "activations16.h"))  # included by the sources: part of the key
+                                                                        "weight_prefetch.h", "int4_blocks.h", "activations16.h",
+                                                                        "activations8.h"))  # included by the sources: part of the key
 NAME = "radixserve_cpu"
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the activation dtypes the kernels are built for
 

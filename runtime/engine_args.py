@@ -97,9 +97,9 @@ class EngineArgs:
         "help": "CPU threads at most (--cpu-threads; default: OMP_NUM_THREADS, else the cores this process may use: "
                 "its affinity mask and cgroup CPU quota)"})
     int8_activations: bool = field(default=False, metadata={
-        "help": "on the CPU, a GGUF's Q4_K layers round bf16 activations to int8 per 256 and sum in integers "
-                "(AVX-512 VNNI; what llama.cpp does for every quantized product): faster decode steps, most of "
-                "all batched ones, but outputs move (docs/cpu.md). Default: off, the activations exact"})
+        "help": "on the CPU, a GGUF's Q4_K layers round the activations to int8 per 256 and sum in integers "
+                "(AVX2, or AVX-512 with VNNI; what llama.cpp does for every quantized product): faster decode "
+                "steps, but outputs move (docs/cpu.md). Default: off, the activations exact (or int16 on AVX2)"})
     exact_activations: bool = field(default=False, metadata={
         "help": "on a CPU with AVX2 and no AVX-512, a GGUF's quantized layers (Q4_K, Q8_0, Q5_0, Q6_K) take the "
                 "activations exact (float32 products), not rounded to int16 per group (the default there: at most "

@@ -30,6 +30,7 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "activations8.h"
 #include "group_scales.h"
 #include "int4_blocks.h"
 #include "row_count.h"
@@ -37,7 +38,10 @@
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
-#define RADIXSERVE_INT4_Q8 1
+#define RADIXSERVE_INT4_Q8 512
+#elif defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#include <immintrin.h>
+#define RADIXSERVE_INT4_Q8 256
 #else
 #define RADIXSERVE_INT4_Q8 0
 #endif
@@ -76,23 +80,6 @@ inline int64_t q8_at(int64_t groups, int64_t g, int c) {
   return tile.group0 * kGroup + v * 8 * tile.groups + (t % 2) * 4 * tile.groups + 2 * p + t / 2;
 }
 
-// The 256 activations of row m's super-block s as float32 into v.
-template <typename T>
-inline void load_super(const at::Tensor& x, const T* xs, int64_t m, int64_t s, float* v) {
-  const T* src = xs + m * x.stride(0) + s * kSuper * x.stride(1);
-#if RADIXSERVE_INT4_Q8
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (x.stride(1) == 1) {  // bf16 is float32's top half
-      for (int64_t i = 0; i < kSuper; i += 16)
-        _mm512_storeu_ps(v + i, _mm512_castsi512_ps(_mm512_slli_epi32(
-                                    _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))), 16)));
-      return;
-    }
-  }
-#endif
-  for (int64_t i = 0; i < kSuper; ++i) v[i] = static_cast<float>(src[i * x.stride(1)]);
-}
-
 template <typename T>
 void quantize_rows(const at::Tensor& x, Q8Activations& a) {
   const int64_t rows = x.size(0), k = a.k;
@@ -102,25 +89,14 @@ void quantize_rows(const at::Tensor& x, Q8Activations& a) {
   for (int64_t m = 0; m < rows; ++m) {
     for (int64_t s = 0; s < a.supers; ++s) {
       int8_t* q = row.data() + s * kSuper;
-      load_super(x, xs, m, s, v);
-      float top = 0.f;
-#pragma omp simd reduction(max : top)
-      for (int64_t i = 0; i < kSuper; ++i) top = std::max(top, std::abs(v[i]));
-      const float scale = top / 127.f, inv = top > 0.f ? 127.f / top : 0.f;
-      a.scale[m * a.supers + s] = scale;
+      radixserve::load_super(x, xs, m, s, v);
+      a.scale[m * a.supers + s] = radixserve::round_super_to_int8(v, q);
       for (int64_t g = 0; g < kSpan; ++g) {
         float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
         for (int64_t i = 0; i < kGroup; ++i) sum += v[g * kGroup + i];
         a.sums[m * a.groups + s * kSpan + g] = sum;
       }
-#if RADIXSERVE_INT4_Q8
-      for (int64_t i = 0; i < kSuper; i += 16)  // rounded to nearest even, as nearbyint
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i),
-                        _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(v + i), _mm512_set1_ps(inv)))));
-#else
-      for (int64_t i = 0; i < kSuper; ++i) q[i] = static_cast<int8_t>(std::nearbyint(v[i] * inv));
-#endif
     }
     // byte b of word p's masked (h = 0) or shifted (h = 1) half, in register v: code
     // 2(4v + h + 2b) + p % 2 of group p / 2 (loops, not q8_at per byte: this runs on one thread
@@ -141,6 +117,14 @@ void quantize_rows(const at::Tensor& x, Q8Activations& a) {
   }
 }
 
+#if RADIXSERVE_INT4_Q8 == 256
+inline float reduce_add(__m256 v) {
+  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+}
+#endif
+
 // R weight rows' constants: the lows' part of each activation row's result, and where their
 // scale codes and steps are (read a tile at a time in the loop: arrays of them built per pass of
 // rows cost as much as the pass).
@@ -153,29 +137,37 @@ struct RowsQ8 {
 
   RowsQ8(int64_t groups, int64_t supers) : low(R * groups), factor(R * supers * M) {}
 
+  // for weight rows j.. and activation rows m0..
   void load(const radixserve::GroupScales& scales, const radixserve::GroupScales& lows, int64_t j,
-            const Q8Activations& a) {
+            const Q8Activations& a, int64_t m0 = 0) {
     const int64_t groups = a.groups;
     codes = static_cast<const int8_t*>(scales.values) + j * groups;
     const float* steps = scales.steps + j * a.supers;  // rows are contiguous
     for (int r = 0; r < R; ++r)
       for (int64_t sb = 0; sb < a.supers; ++sb)
         for (int m = 0; m < M; ++m)
-          factor[(r * a.supers + sb) * M + m] = steps[r * a.supers + sb] * a.scale[m * a.supers + sb];
+          factor[(r * a.supers + sb) * M + m] = steps[r * a.supers + sb] * a.scale[(m0 + m) * a.supers + sb];
     lows.expand(j, R, low.data());
     // vectors across groups: a scalar chain of multiply-adds per (row, activation row) cost as
     // much as the product itself
     for (int r = 0; r < R; ++r)
       for (int m = 0; m < M; ++m) {
         const float* l = low.data() + r * groups;
-        const float* xs = a.sums.data() + m * groups;
-#if RADIXSERVE_INT4_Q8
+        const float* xs = a.sums.data() + (m0 + m) * groups;
+#if RADIXSERVE_INT4_Q8 == 512
         __m512 sum = _mm512_setzero_ps();
         for (int64_t g = 0; g < groups; g += 16) {
           const __mmask16 mask = groups - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (groups - g)) - 1);
           sum = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, l + g), _mm512_maskz_loadu_ps(mask, xs + g), sum);
         }
         rest[r][m] = _mm512_reduce_add_ps(sum);
+#elif RADIXSERVE_INT4_Q8 == 256
+        __m256 sum = _mm256_setzero_ps();
+        int64_t g = 0;
+        for (; g + 8 <= groups; g += 8) sum = _mm256_fmadd_ps(_mm256_loadu_ps(l + g), _mm256_loadu_ps(xs + g), sum);
+        float tail = 0.f;
+        for (; g < groups; ++g) tail = std::fma(l[g], xs[g], tail);
+        rest[r][m] = reduce_add(sum) + tail;
 #else
         float sum = 0.f;
         for (int64_t g = 0; g < groups; ++g) sum = std::fma(l[g], xs[g], sum);
@@ -185,7 +177,7 @@ struct RowsQ8 {
   }
 };
 
-#if RADIXSERVE_INT4_Q8
+#if RADIXSERVE_INT4_Q8 == 512
 // One tile of G groups (a compile-time 16 or 4: a full tile's loads are whole, its addresses
 // constant offsets) of R weight rows from j against M activation rows, into acc.
 template <int M, int R, int G>
@@ -279,18 +271,144 @@ void dot_quads(const uint8_t* w, const radixserve::GroupScales& scales, const ra
 }
 #endif
 
+#if RADIXSERVE_INT4_Q8 == 256
+// AVX2 (no vpdpwssd, 16 registers): a tile's register is taken in two halves of 32 bytes, each
+// holding 8 groups, one a 32-bit lane (a full tile's first half is one super-block, its second
+// the next). A group's code x activation pairs (at most 2 x 15 x 127 each) are summed over the
+// tile's 4 registers in 16 bits, 8 pairs at most, 30480: so a half's two u8 x s8 products per
+// register cost two 16-bit adds, and the 16-bit multiply-add by the scale codes and the float
+// multiply-add come once per half a tile. Per 64 codes of a weight row and activation row: two
+// products and two adds, where the int16 loop (int4_gemv.cpp) spends four multiply-adds, four
+// shifts or masks and four adds.
+
+// Register v's half h (32 bytes; a small tile's 16, zero above) of weight row `row`'s tile.
+template <int G>
+inline __m256i half_words(const uint8_t* w, int64_t k, int64_t row, int64_t group0, int v, int h) {
+  if constexpr (G == kTileGroups)
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block_at(w, k, row, group0 / 4 + v) + 32 * h));
+  else
+    return _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
+        register_at(w, k, row, Tile{group0, G}, v))));
+}
+
+template <int G>
+inline __m256i half_activations(const int8_t* x) {
+  if constexpr (G == kTileGroups)
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  else
+    return _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+}
+
+// One tile of G groups (16, or 4 at a row's end) of R weight rows from j against M activation
+// rows (their int8 codes at x, rows k apart), into acc.
+template <int M, int R, int G>
+inline void tile_rows256(const uint8_t* w, const RowsQ8<M, R>& c, int64_t j, int64_t group0, const int8_t* x,
+                         const Q8Activations& a, __m256 (&acc)[R][M]) {
+  const int64_t k = a.k, groups = a.groups;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  constexpr int halves = G == kTileGroups ? 2 : 1;
+  RADIXSERVE_UNROLL
+  for (int h = 0; h < halves; ++h) {
+    __m256i sum[R][M];
+    RADIXSERVE_UNROLL
+    for (int r = 0; r < R; ++r)
+      RADIXSERVE_UNROLL
+      for (int m = 0; m < M; ++m) sum[r][m] = _mm256_setzero_si256();
+    RADIXSERVE_UNROLL
+    for (int v = 0; v < 4; ++v) {
+      const int8_t* xv = x + group0 * kGroup + v * 8 * G + 32 * h;
+      RADIXSERVE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m256i words = half_words<G>(w, k, j + r, group0, v, h);
+        const __m256i masked = _mm256_and_si256(words, low4);
+        const __m256i shifted = _mm256_and_si256(_mm256_srli_epi16(words, 4), low4);
+        RADIXSERVE_UNROLL
+        for (int m = 0; m < M; ++m) {
+          const __m256i pm = _mm256_maddubs_epi16(masked, half_activations<G>(xv + m * k));
+          const __m256i ps = _mm256_maddubs_epi16(shifted, half_activations<G>(xv + m * k + 4 * G));
+          sum[r][m] = _mm256_add_epi16(sum[r][m], _mm256_add_epi16(pm, ps));
+        }
+      }
+    }
+    // the half's 8 groups (a small tile's 4): scale codes in both 16-bit halves of their lanes,
+    // and the super-block's float factor
+    const int64_t g0 = group0 + 8 * h, sb = g0 / kSpan;
+    RADIXSERVE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      int64_t eight = 0;
+      std::memcpy(&eight, c.codes + r * groups + g0, G == kTileGroups ? 8 : 4);
+      const __m256i code = _mm256_cvtepi8_epi32(_mm_cvtsi64_si128(eight));
+      const __m256i scale = _mm256_or_si256(_mm256_and_si256(code, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(code, 16));
+      RADIXSERVE_UNROLL
+      for (int m = 0; m < M; ++m)
+        acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sum[r][m], scale)),
+                                    _mm256_set1_ps(c.factor[(r * a.supers + sb) * M + m]), acc[r][m]);
+    }
+  }
+}
+
+// R weight rows from j against M activation rows from m0; into out[(m0 + m) * n + j + r].
+template <int M, int R, bool Prefetch, typename O>
+void dot_rows256(const uint8_t* w, const RowsQ8<M, R>& c, int64_t n, int64_t j, int64_t m0, const Q8Activations& a,
+                 O* out) {
+  const int64_t k = a.k, groups = a.groups, full = groups / kTileGroups;
+  const int8_t* x = a.q.data() + m0 * k;
+  __m256 acc[R][M];
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r)
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_ps();
+  for (int64_t ti = 0; ti < full; ++ti) {
+    if constexpr (Prefetch) radixserve::prefetch_ahead<4 * R>(block_at(w, k, j, ti * kTileGroups / 4));
+    tile_rows256<M, R, kTileGroups>(w, c, j, ti * kTileGroups, x, a, acc);
+  }
+  for (int64_t g = full * kTileGroups; g < groups; g += kSmallGroups) tile_rows256<M, R, kSmallGroups>(w, c, j, g, x, a, acc);
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r)
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m) out[(m0 + m) * n + j + r] = static_cast<O>(reduce_add(acc[r][m]) + c.rest[r][m]);
+}
+
+// Weight-row quads [begin, end) in blocks of about kBlockBytes of codes (kept in the second-level
+// cache), each block against the activation rows four at a time (more spill AVX2's registers):
+// one row takes four weight rows a pass, two take two, three or four one.
+constexpr int64_t kBlockBytes = int64_t{128} << 10;
+
+template <typename O>
+void dot_quads256(const uint8_t* w, const radixserve::GroupScales& scales, const radixserve::GroupScales& lows,
+                  int64_t n, int64_t begin, int64_t end, const Q8Activations& a, int64_t rows, O* out) {
+  const int64_t block = std::max<int64_t>(1, kBlockBytes / (kQuad * a.k / 2));
+  for (int64_t q0 = begin; q0 < end; q0 += block) {
+    const int64_t q1 = std::min(end, q0 + block);
+    for (int64_t m0 = 0; m0 < rows; m0 += 4)
+      radixserve::with_row_count<4>(std::min<int64_t>(4, rows - m0), [&](auto count) {
+        constexpr int M = decltype(count)::value;
+        constexpr int R = M == 1 ? 4 : M == 2 ? 2 : 1;
+        RowsQ8<M, R> c(a.groups, a.supers);
+        for (int64_t j = q0 * kQuad; j < q1 * kQuad; j += R) {
+          c.load(scales, lows, j, a, m0);
+          if (a.prefetch)
+            dot_rows256<M, R, true>(w, c, n, j, m0, a, out);
+          else
+            dot_rows256<M, R, false>(w, c, n, j, m0, a, out);
+        }
+      });
+  }
+}
+#endif
+
 // x [rows, K] @ (scales * q + lows).T -> [rows, N] in x's dtype, x rounded to int8 per 256.
 at::Tensor int4_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales,
                         const at::Tensor& scale_steps, const at::Tensor& lows,
                         const std::optional<at::Tensor>& low_steps) {
-  TORCH_CHECK(RADIXSERVE_INT4_Q8, "int4_gemv_q8: this CPU lacks AVX-512 VNNI (int4_gemv_q8_fast() is false)");
+  TORCH_CHECK(RADIXSERVE_INT4_Q8, "int4_gemv_q8: this CPU lacks AVX2 (int4_gemv_q8_fast() is false)");
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "int4_gemv_q8: x is a CPU [rows, K] float32 or bfloat16 tensor");
   TORCH_CHECK(x.size(1) % kSuper == 0, "int4_gemv_q8: K is a multiple of 256");
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kByte && w.size(1) * 2 == x.size(1) &&
                   w.size(0) % kQuad == 0,
               "int4_gemv_q8: codes are contiguous uint8 [N, K / 2] with K = x's width and N a multiple of 4");
-  TORCH_CHECK(x.size(0) <= kMaxRows, "int4_gemv_q8: at most 8 rows a call");
+  TORCH_CHECK(RADIXSERVE_INT4_Q8 == 256 || x.size(0) <= kMaxRows, "int4_gemv_q8: at most 8 rows a call (any on AVX2)");
   const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
   const auto sg = radixserve::GroupScales::of(scales, scale_steps, n, k / kGroup, "int4_gemv_q8");
   TORCH_CHECK(sg.type == at::kChar && sg.span == kSpan,
@@ -312,10 +430,14 @@ at::Tensor int4_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tens
     quantize_rows<scalar_t>(x, a);
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, n / kQuad, grain, [&](int64_t begin, int64_t end) {
+#if RADIXSERVE_INT4_Q8 == 512
       radixserve::with_row_count(rows, [&](auto count) {
         constexpr int M = decltype(count)::value;
         dot_quads<M>(wp, sg, lg, n, begin, end, a, op);
       });
+#else
+      dot_quads256(wp, sg, lg, n, begin, end, a, rows, op);
+#endif
     });
   });
 #endif

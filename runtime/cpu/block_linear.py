@@ -182,9 +182,10 @@ def block_parts(model: nn.Module, experts: bool = True) -> list[BlockWeight]:
 
 
 def round_activations_to_int8(model: nn.Module) -> int:
-    """`--int8-activations`: every Int4Blocks of the model that can (k-quant scales, a VNNI CPU)
-    sums bf16 activations rounded to int8; returns how many."""
-    parts = [p for p in block_parts(model) if isinstance(p, Int4Blocks) and p.sums_in_integers()]
+    """`--int8-activations`: every Int4Blocks and Int8Blocks of the model that can (k-quant scales:
+    Q4_K's, Q6_K's; a CPU with AVX2, or AVX-512 with VNNI for Q4_K) sums activations rounded to
+    int8; returns how many."""
+    parts = [p for p in block_parts(model) if isinstance(p, (Int4Blocks, Int8Blocks)) and p.sums_in_integers()]
     for part in parts:
         part.int8_activations = True
     return len(parts)

@@ -9,7 +9,8 @@ kernel reads, and answers three questions with no other copy of it:
 - `rows(ids, dtype)`: rows of W by index (the token embedding, whose codes are the vocabulary).
 The kinds:
 - Int8Blocks: Q8_0, Q5_0 and Q6_K as int8 codes + per-group scales (runtime/loading/
-  gguf_int8_groups.py), read by kernels/csrc/group_gemv.cpp: a byte a weight;
+  gguf_int8_groups.py), read by kernels/csrc/group_gemv.cpp: a byte a weight (with
+  `--int8-activations`, Q6_K's summed in integers over int8 activations: group_q8_gemv.cpp);
 - Q6Blocks: those whose codes fit 6 bits (Q6_K, Q5_0) at 6 bits a weight, where the activations
   are bf16 and the CPU has bf16 dot products (kernels/csrc/q6_gemv.cpp);
 - Int4Blocks: Q4_K, Q4_0 and Q4_1 as 4-bit codes + scales and lows in the layout of
@@ -128,6 +129,7 @@ class Int8Blocks(KernelRows):
     wide_itself = False
     kept_tensors, kept_attrs = ("codes", "scales", "steps"), ("shape", "group")
     int16_activations: bool | None = None  # as Int4Blocks'
+    int8_activations = False  # as Int4Blocks'
 
     def __init__(self, groups: Int8Groups) -> None:
         self.codes = groups.codes.contiguous()
@@ -135,7 +137,17 @@ class Int8Blocks(KernelRows):
         self.shape, self.group = groups.shape, groups.group
 
     def few(self, x: torch.Tensor) -> torch.Tensor:
+        if self.int8_activations:
+            return ops().group_gemv_q8(x, self.codes, self.scales, self.steps)  # type: ignore[union-attr]
         return ops().group_gemv(x, self.codes, self.scales, self.group, self.steps, rounds_to_int16(self))  # type: ignore[union-attr]
+
+    def sums_in_integers(self) -> bool:
+        """Whether products can round the activations to int8 and sum in integers
+        (kernels/csrc/group_q8_gemv.cpp, `--int8-activations`): Q6_K's scales (groups of 16, a code
+        a group and a step per super-block of 256) on a CPU with AVX2."""
+        steps = self.steps
+        return (self.group == 16 and steps is not None and steps.shape[1] * SUPER_BLOCK == self.shape[1]
+                and bool(ops().group_gemv_q8_fast()))  # type: ignore[union-attr]
 
     def dequantize(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
         return ops().dequant_int8_groups(self.codes[start:stop], self.scales[start:stop], self.group, dtype,  # type: ignore[union-attr]
@@ -238,15 +250,15 @@ class Int4Blocks(KernelRows):
         return built is not None and bool(built.int4_gemv_fast()) and shape[1] % ONE_ROW_BLOCK == 0 and shape[0] % 4 == 0
 
     def few(self, x: torch.Tensor) -> torch.Tensor:
-        if self.int8_activations and x.dtype == torch.bfloat16:
+        if self.int8_activations:
             return ops().int4_gemv_q8(x, self.packed, self.scales, self.scale_steps, self.lows, self.low_steps)  # type: ignore[union-attr]
         return ops().int4_gemv(x, self.packed, self.scales, self.lows, self.scale_steps, self.low_steps,  # type: ignore[union-attr]
                                rounds_to_int16(self))
 
     def sums_in_integers(self) -> bool:
-        """Whether bf16 products can round the activations to int8 and sum in integers
+        """Whether products can round the activations to int8 and sum in integers
         (kernels/csrc/int4_q8_gemv.cpp, `--int8-activations`): k-quant scales (a code a group, a step
-        per super-block of 256) on a CPU with AVX-512 VNNI. Float32 activations always stay exact."""
+        per super-block of 256) on a CPU with AVX2 (AVX-512 ones: with VNNI)."""
         steps = self.scale_steps
         return (steps is not None and steps.shape[1] * SUPER_BLOCK == self.shape[1]
                 and bool(ops().int4_gemv_q8_fast()))  # type: ignore[union-attr]

@@ -100,7 +100,7 @@ class RunnerConfig:
     cpu_threads: int | None = None  # the CPU threads' ceiling; None: the cores this process may use
     adapt_cpu_threads: bool = True  # fewer threads while other processes hold cores (runtime/cpu/thread_budget.py)
     enable_lora: bool = False  # LoRA adapters around the projections (runtime/lora/apply.py)
-    int8_activations: bool = False  # a GGUF's Q4_K layers sum bf16 activations rounded to int8 (block_linear.py)
+    int8_activations: bool = False  # a GGUF's Q4_K and Q6_K layers sum activations rounded to int8 (block_linear.py)
     exact_activations: bool = False  # no int16 rounding of the group kernels' activations (block_weights.py)
 
 
@@ -120,7 +120,7 @@ class ModelRunner:
         if cfg.int8_activations and self.quantization == "gguf":
             from runtime.cpu.block_linear import round_activations_to_int8
 
-            logger.info("gguf: %d Q4_K layers sum int8 activations (--int8-activations)",
+            logger.info("gguf: %d Q4_K and Q6_K layers sum int8 activations (--int8-activations)",
                         round_activations_to_int8(self.model))
         if cfg.exact_activations and self.quantization == "gguf":
             from runtime.cpu.block_linear import keep_activations_exact

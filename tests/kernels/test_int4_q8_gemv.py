@@ -4,9 +4,10 @@ rounded to int8 per super-block of 256, summed in integers.
 Checked against the same arithmetic in float64 (each super-block's activations scaled to +-127 and
 rounded half to even, the codes' integer scales times their step, the lows against the unrounded
 group sums): float32 activations to float32 summing, bf16 ones up to the output's rounding. A row's
-result is the same alone as in a batch; `--int8-activations` (round_activations_to_int8) turns it
-on for a model's layers with k-quant scales, bf16 activations only; bad input is refused with a
-message. Skips where the CPU lacks AVX-512 VNNI (the exact kernel serves there).
+result is the same alone as in a batch (of up to 8 rows a call on AVX-512, any number on AVX2);
+`--int8-activations` (round_activations_to_int8) turns it on for a model's layers with k-quant
+scales, whatever the activations' dtype; bad input is refused with a message. Skips where the CPU
+has neither AVX2 nor AVX-512 VNNI (the exact kernel serves there).
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from torch import nn
 
 from kernels.cpu_ops import ops
 from runtime.cpu.block_linear import BlockLinear, round_activations_to_int8
-from runtime.cpu.block_weights import Int4Blocks, compact_scales
+from runtime.cpu.block_weights import Int4Blocks, compact_scales, rounds_to_int16
 from runtime.cpu.int4_linear import pack_blocks
 from runtime.loading.gguf_groups import Int4Groups
 
 pytestmark = pytest.mark.skipif(ops() is None or not ops().int4_gemv_q8_fast(),
-                                reason="no CPU kernels, or no AVX-512 VNNI on this CPU")
+                                reason="no CPU kernels, or neither AVX2 nor AVX-512 VNNI on this CPU")
+# AVX2 without AVX-512: the kernel takes any number of rows a call (AVX-512's, 8)
+ANY_ROWS = ops() is not None and ops().int4_gemv_int16_default()
 
 
 def q4k(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -73,12 +76,17 @@ def test_the_integer_sums_of_the_rounded_activations(dtype: torch.dtype, rows: i
     assert (out.double() - exact).abs().max() < 0.03 * exact.abs().max()
 
 
-def test_a_row_gives_the_same_bits_alone_and_in_a_batch() -> None:
-    q, scales, lows = q4k(64, 1024, seed=3)
-    x = torch.randn(8, 1024).bfloat16()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_row_gives_the_same_bits_alone_and_in_a_batch(dtype: torch.dtype) -> None:
+    rows = 33 if ANY_ROWS else 8  # AVX2: passes of 4 rows over blocks of weights, and 1
+    q, scales, lows = q4k(64, 1280, seed=3)  # 40 groups: 2 full tiles and 2 small ones
+    x = torch.randn(rows, 1280).to(dtype)
     together = call(x, q, scales, lows)
-    for i in range(8):
+    assert torch.allclose(together.double(), reference(x, q, scales, lows), rtol=8e-3, atol=8e-3 * together.abs().max().item())
+    for i in range(rows):
         assert torch.equal(call(x[i:i + 1], q, scales, lows)[0], together[i])
+    if ANY_ROWS:
+        assert torch.equal(call(x[5:12], q, scales, lows), together[5:12])
 
 
 def test_strided_rows() -> None:
@@ -87,26 +95,27 @@ def test_strided_rows() -> None:
     assert torch.allclose(call(x, q, scales, lows).double(), reference(x, q, scales, lows), rtol=1e-5, atol=1e-5)
 
 
-def test_int8_activations_are_opt_in_per_model_and_float32_stays_exact() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_int8_activations_are_opt_in_per_model(dtype: torch.dtype) -> None:
     q, scales, lows = q4k(64, 512, seed=5)
     q4_k = Int4Blocks(Int4Groups(q.to(torch.uint8), scales, lows))
-    # float16 scales (Q4_0, Q4_1) have no integer codes: the exact kernel serves them always
+    # float16 scales (Q4_0, Q4_1) have no integer codes: the int4 kernel serves them always
     q4_0 = Int4Blocks(Int4Groups(q.to(torch.uint8), scales.half().float(), lows.half().float()))
     model = nn.Sequential(BlockLinear([q4_k], None), BlockLinear([q4_0], None))
-    x = torch.randn(3, 512)
-    exact = ops().int4_gemv(x.bfloat16(), q4_k.packed, q4_k.scales, q4_k.lows, q4_k.scale_steps, q4_k.low_steps)
-    assert torch.equal(model[0](x.bfloat16()), exact)  # off by default
+    x = torch.randn(3, 512).to(dtype)
+    default = ops().int4_gemv(x, q4_k.packed, q4_k.scales, q4_k.lows, q4_k.scale_steps, q4_k.low_steps,
+                              rounds_to_int16(q4_k))
+    assert torch.equal(model[0](x), default)  # off by default: exact, or int16 on AVX2
     assert round_activations_to_int8(model) == 1 and q4_k.int8_activations and not q4_0.int8_activations
-    assert torch.equal(model[0](x.bfloat16()), call(x.bfloat16(), q, scales, lows))
-    assert torch.equal(model[0](x), ops().int4_gemv(x, q4_k.packed, q4_k.scales, q4_k.lows, q4_k.scale_steps,
-                                                    q4_k.low_steps))  # float32: exact still
+    assert torch.equal(model[0](x), call(x, q, scales, lows))
 
 
 @pytest.mark.parametrize("bad, message", [
     (lambda x, w, sc, ss, lo: (x[:, :128], w[:, :64], sc[:, :4], ss[:, :1], lo[:, :4]), "multiple of 256"),
     (lambda x, w, sc, ss, lo: (x, w, sc.float() * 0.5, ss, lo), "steps go with int8"),
     (lambda x, w, sc, ss, lo: (x, w, sc[:, :4].repeat(1, 2), ss.repeat(1, 4)[:, :4], lo), "8 groups"),
-    (lambda x, w, sc, ss, lo: (x.expand(9, -1), w, sc, ss, lo), "at most 8 rows"),
+    pytest.param(lambda x, w, sc, ss, lo: (x.expand(9, -1), w, sc, ss, lo), "at most 8 rows",
+                 marks=pytest.mark.skipif(ANY_ROWS, reason="AVX2's loop takes any number of rows")),
 ])
 def test_bad_input_is_refused(bad, message: str) -> None:  # noqa: ANN001
     q, scales, lows = q4k(8, 256)

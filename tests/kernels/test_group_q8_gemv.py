@@ -1,0 +1,104 @@
+"""The int8-activation Q6_K kernel (kernels/csrc/group_q8_gemv.cpp): int8 codes whose groups of 16
+scale by an int8 code times a float32 step per super-block of 256, against activations rounded to
+int8 per super-block, summed in integers.
+
+Checked against the same arithmetic in float64 (each super-block's activations scaled to +-127 and
+rounded half to even, the codes times their groups' scales); a row's bits are the same alone and in
+any batch; `--int8-activations` (round_activations_to_int8) turns it on for Q6_K-scaled layers
+only (Q8_0's float16 scales have no integer codes); bad input is refused with a message. Skips
+where the CPU lacks AVX2.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from kernels.cpu_ops import ops
+from runtime.cpu.block_linear import BlockLinear, round_activations_to_int8
+from runtime.cpu.block_weights import Int8Blocks, compact_scales, rounds_to_int16
+from runtime.loading.gguf_int8_groups import Int8Groups
+
+pytestmark = pytest.mark.skipif(ops() is None or not ops().group_gemv_q8_fast(),
+                                reason="no CPU kernels, or no AVX2 on this CPU")
+
+
+def q6k(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q6_K-shaped weights: codes -32..31, scales d * (-128..127) with a float16 d per super-block."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(-32, 32, (n, k), generator=g, dtype=torch.int8)
+    d = (torch.rand(n, k // 256, generator=g) * 0.001).half().float().repeat_interleave(16, 1)
+    scales = d * torch.randint(-128, 128, (n, k // 16), generator=g).float()
+    return codes, scales
+
+
+def call(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    sc, steps = compact_scales(scales, 16)
+    assert sc.dtype == torch.int8 and steps is not None
+    return ops().group_gemv_q8(x, codes, sc, steps)
+
+
+def reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    rows, k = x.shape
+    n = codes.shape[0]
+    xf = x.float().reshape(rows, k // 256, 256)
+    top = xf.abs().amax(-1, keepdim=True)
+    inv = torch.where(top > 0, 127 / top, torch.zeros_like(top))
+    xq = torch.round(xf * inv).double() * (top / 127).double()  # torch.round: half to even
+    w = (codes.double().reshape(n, k // 16, 16) * scales.double()[..., None]).reshape(n, k)
+    return xq.reshape(rows, k) @ w.t()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+def test_the_integer_sums_of_the_rounded_activations(dtype: torch.dtype, rows: int) -> None:
+    n, k = 40, 768  # 3 super-blocks
+    codes, scales = q6k(n, k, seed=rows)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(7)).to(dtype)
+    x[0, 256:512] = 0  # a super-block of zeros: its scale is 0, nothing divides by it
+    out = call(x, codes, scales)
+    assert out.dtype == dtype and out.shape == (rows, n)
+    want = reference(x, codes, scales)
+    tol = 1e-5 if dtype == torch.float32 else 8e-3
+    assert torch.allclose(out.double(), want, rtol=tol, atol=tol * want.abs().max().item())
+    # and near the exact product: int8 activations cost about as much as bf16's own rounding
+    exact = x.double() @ (codes.double().reshape(n, k // 16, 16) * scales.double()[..., None]).reshape(n, k).t()
+    assert (out.double() - exact).abs().max() < 0.03 * exact.abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_row_gives_the_same_bits_alone_and_in_a_batch(dtype: torch.dtype) -> None:
+    codes, scales = q6k(64, 1280, seed=3)
+    x = torch.randn(33, 1280).to(dtype)  # passes of 4 rows, then 1
+    together = call(x, codes, scales)
+    for i in range(33):
+        assert torch.equal(call(x[i:i + 1], codes, scales)[0], together[i])
+    assert torch.equal(call(x[5:12], codes, scales), together[5:12])
+    strided = torch.randn(2, 2560)[:, ::2].to(dtype)  # not contiguous: read with its strides
+    assert torch.equal(call(strided, codes, scales), call(strided.contiguous(), codes, scales))
+
+
+def test_int8_activations_are_opt_in_and_for_q6_k_scales_only() -> None:
+    codes, scales = q6k(32, 512, seed=5)
+    q6_k = Int8Blocks(Int8Groups(codes, scales))
+    q8_0 = Int8Blocks(Int8Groups(codes, scales.reshape(32, -1, 2)[..., 0].half()))  # a float16 scale per 32
+    model = nn.Sequential(BlockLinear([q6_k], None), BlockLinear([q8_0], None))
+    x = torch.randn(3, 512)
+    default = ops().group_gemv(x, q6_k.codes, q6_k.scales, 16, q6_k.steps, rounds_to_int16(q6_k))
+    assert torch.equal(model[0](x), default)  # off by default
+    assert round_activations_to_int8(model) == 1 and q6_k.int8_activations and not q8_0.int8_activations
+    assert torch.equal(model[0](x), call(x, codes, scales))
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda x, w, sc, ss: (x[:, :128], w[:, :128], sc[:, :8], ss[:, :1]), "multiple of 256"),
+    (lambda x, w, sc, ss: (x, w, sc.float(), ss), "steps go with int8"),
+    (lambda x, w, sc, ss: (x, w, sc[:, :8].repeat(1, 2), ss.repeat(1, 2)), "Q6_K"),
+    (lambda x, w, sc, ss: (x, w[:, :128], sc, ss), "K = x's width"),
+])
+def test_bad_input_is_refused(bad, message: str) -> None:  # noqa: ANN001
+    codes, scales = q6k(8, 256)
+    sc, ss = compact_scales(scales, 16)
+    with pytest.raises(RuntimeError, match=message):
+        ops().group_gemv_q8(*bad(torch.randn(1, 256), codes, sc, ss))
