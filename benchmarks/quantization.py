@@ -56,6 +56,7 @@ WAYS = {  # name: (--dtype, --quantization, engine flags)
     # codes' products round them to int16 a group at a time unless --exact-activations (docs/cpu.md)
     "gguf fp32": ("float32", "gguf", {}),
     "gguf fp32 --exact-activations": ("float32", "gguf", {"exact_activations": True}),
+    "gguf fp32 --int8-activations": ("float32", "gguf", {"int8_activations": True}),
 }
 
 

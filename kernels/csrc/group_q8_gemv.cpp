@@ -26,6 +26,7 @@
 #include "activations8.h"
 #include "group_scales.h"
 #include "row_count.h"
+#include "weight_prefetch.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -85,6 +86,9 @@ inline void row_q8(const int8_t* wj, const int8_t* cj, const float* sj, const Q8
   RADIXSERVE_UNROLL
   for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t s = 0; s < a.supers; ++s) {
+    // the stream asked for ahead, as group_gemv.cpp's: in the engine (real 1.5B, one stream,
+    // alternated in one process) 83.8 against 89.6 ms a token without it
+    radixserve::prefetch_ahead<4>(reinterpret_cast<const uint8_t*>(wj + s * kSuperBlock));
     const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(cj + s * kSpan));
     __m256i sum[M];
     RADIXSERVE_UNROLL

@@ -1,6 +1,6 @@
 // Few-row products of a GGUF's Q4_K codes with the activations quantized to int8, summed in
-// integers, on CPUs with AVX-512 VNNI (Zen 4, Ice Lake and later): `--int8-activations`, opt-in
-// because it moves outputs (docs/cpu.md). runtime/cpu/block_weights.py's Int4Blocks calls it for
+// integers, on CPUs with AVX-512 VNNI (Zen 4, Ice Lake and later) or AVX2 (the loops at the end):
+// `--int8-activations`, opt-in because it moves outputs (docs/cpu.md). runtime/cpu/block_weights.py's Int4Blocks calls it for
 // bf16 activations where the codes' group scales are factored (a byte a group, a float32 step a
 // super-block of 256 weights: every Q4_K).
 //
@@ -421,7 +421,10 @@ at::Tensor int4_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tens
   a.q.assign(rows * k + 64, 0);
   a.scale.resize(rows * a.supers);
   a.sums.resize(rows * a.groups);
-  a.prefetch = radixserve::activations_spill(rows * k);
+  // AVX2: always (one stream of the real 1.5B, alternated in one process: 77.2 against 83.8 ms a
+  // token with the 1536-wide layers' stream left to the hardware); AVX-512: where the activations
+  // spill (weight_prefetch.h)
+  a.prefetch = RADIXSERVE_INT4_Q8 == 256 || radixserve::activations_spill(rows * k);
   at::Tensor out = at::empty({rows, n}, x.options());
 #if RADIXSERVE_INT4_Q8
   const uint8_t* wp = w.data_ptr<uint8_t>();
