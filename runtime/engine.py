@@ -222,14 +222,20 @@ class Engine:
         with self._queue_lock:
             self._queued -= 1
 
-    def _validate_ids(self, input_ids: Sequence[int]) -> list[int]:
+    def check_token_ids(self, input_ids: Sequence[int]) -> list[int]:
+        """`input_ids` as a list, or a ValueError naming the first that is not a token id of this
+        model (what a server checks before it decodes a prompt given as ids, e.g. to echo it)."""
         ids = list(input_ids)
-        if not ids:
-            raise ValueError("input_ids must not be empty")
         vocab = self.runner.vocab_size
         for token in ids:
             if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
                 raise ValueError(f"input_ids: token id {token!r} is not in [0, {vocab})")
+        return ids
+
+    def _validate_ids(self, input_ids: Sequence[int]) -> list[int]:
+        ids = self.check_token_ids(input_ids)
+        if not ids:
+            raise ValueError("input_ids must not be empty")
         if len(ids) >= self.context_len:
             raise ValueError(f"input_ids: the prompt has {len(ids)} tokens; this model's context length is {self.context_len} "
                              "(prompt plus at least one generated token)")

@@ -170,7 +170,8 @@ async def completions(request: Request) -> Response:
     engine = state.engine
     try:
         given = prompt_list(body.prompt)
-        prompts = [engine.encode(p) if isinstance(p, str) else list(p) for p in given]
+        # ids checked here, not only when submitted: echo decodes them first
+        prompts = [engine.encode(p) if isinstance(p, str) else engine.check_token_ids(p) for p in given]
     except ValueError as exc:
         raise bad_request(ValueError(f"prompt: {exc}")) from exc
     # echo with logprobs scores the prompt itself (how evaluation harnesses score choices): logprobs

@@ -69,6 +69,15 @@ def test_echo_of_a_text_prompt_and_without_logprobs(client: openai.OpenAI) -> No
     assert "".join(c.choices[0].text for c in streamed if c.choices) == PROMPT + plain.text
 
 
+@pytest.mark.parametrize("ids", [[1, -5], [1, 10**12], [1, 2.5]], ids=["negative", "past-the-vocabulary", "a-float"])
+def test_echo_of_ids_that_are_no_tokens_is_a_400(server: RunningServer, ids: list) -> None:
+    # the fuzzer's case: echo decoded the ids before they were checked, and -1e148 was a 500
+    for echo in (True, False):
+        resp = httpx.post(server.url + "/v1/completions", timeout=60,
+                          json={"model": "tiny", "prompt": ids, "max_tokens": 2, "echo": echo})
+        assert resp.status_code == 400 and resp.json()["error"]["param"].startswith("prompt"), resp.text
+
+
 def test_max_tokens_zero_needs_echo(server: RunningServer) -> None:
     resp = httpx.post(server.url + "/v1/completions", timeout=60,
                       json={"model": "tiny", "prompt": PROMPT, "max_tokens": 0})
