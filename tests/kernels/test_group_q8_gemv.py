@@ -19,6 +19,7 @@ from kernels.cpu_ops import ops
 from runtime.cpu.block_linear import BlockLinear, round_activations_to_int8
 from runtime.cpu.block_weights import Int8Blocks, compact_scales, rounds_to_int16
 from runtime.loading.gguf_int8_groups import Int8Groups
+from tests.kernels.int8_activations import rounded_to_int8
 
 pytestmark = pytest.mark.skipif(ops() is None or not ops().group_gemv_q8_fast(),
                                 reason="no CPU kernels, or no AVX2 on this CPU")
@@ -40,14 +41,9 @@ def call(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Te
 
 
 def reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    rows, k = x.shape
-    n = codes.shape[0]
-    xf = x.float().reshape(rows, k // 256, 256)
-    top = xf.abs().amax(-1, keepdim=True)
-    inv = torch.where(top > 0, 127 / top, torch.zeros_like(top))
-    xq = torch.round(xf * inv).double() * (top / 127).double()  # torch.round: half to even
+    n, k = codes.shape
     w = (codes.double().reshape(n, k // 16, 16) * scales.double()[..., None]).reshape(n, k)
-    return xq.reshape(rows, k) @ w.t()
+    return rounded_to_int8(x) @ w.t()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -21,6 +21,7 @@ from runtime.cpu.block_linear import BlockLinear, round_activations_to_int8
 from runtime.cpu.block_weights import Int4Blocks, compact_scales, rounds_to_int16
 from runtime.cpu.int4_linear import pack_blocks
 from runtime.loading.gguf_groups import Int4Groups
+from tests.kernels.int8_activations import rounded_to_int8
 
 pytestmark = pytest.mark.skipif(ops() is None or not ops().int4_gemv_q8_fast(),
                                 reason="no CPU kernels, or neither AVX2 nor AVX-512 VNNI on this CPU")
@@ -49,13 +50,9 @@ def call(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, lows: torch.Ten
 def reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor) -> torch.Tensor:
     rows, k = x.shape
     n = q.shape[0]
-    xf = x.float().reshape(rows, k // 256, 256)
-    top = xf.abs().amax(-1, keepdim=True)
-    inv = torch.where(top > 0, 127 / top, torch.zeros_like(top))
-    xq = torch.round(xf * inv).double() * (top / 127).double()  # torch.round: half to even
     w = (q.double().reshape(n, k // 32, 32) * scales.double()[..., None]).reshape(n, k)
     group_sums = x.double().reshape(rows, k // 32, 32).sum(-1)
-    return xq.reshape(rows, k) @ w.t() + group_sums @ lows.double().t()
+    return rounded_to_int8(x) @ w.t() + group_sums @ lows.double().t()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
