@@ -27,6 +27,7 @@
 #include "activations16.h"
 #include "group_scales.h"
 #include "row_count.h"
+#include "vector_sum.h"
 #include "weight_prefetch.h"
 
 #if defined(__AVX512F__)
@@ -71,9 +72,7 @@ inline void groups_in_turn(const int8_t* wj, int64_t groups, int64_t group, __m2
     __m256 sum = acc[0][m];
     RADIXSERVE_GROUP_UNROLL
     for (int a = 1; a < A; ++a) sum = _mm256_add_ps(sum, acc[a][m]);
-    const __m128 half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-    const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    out[m * n] = static_cast<O>(_mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair))));
+    out[m * n] = static_cast<O>(radixserve::reduce_add(sum));
   }
 }
 #endif

@@ -26,6 +26,7 @@
 #include "activations8.h"
 #include "group_scales.h"
 #include "row_count.h"
+#include "vector_sum.h"
 #include "weight_prefetch.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -119,11 +120,7 @@ inline void row_q8(const int8_t* wj, const int8_t* cj, const float* sj, const Q8
     }
   }
   RADIXSERVE_UNROLL
-  for (int m = 0; m < M; ++m) {
-    const __m128 half = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
-    const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    out[(m0 + m) * n] = static_cast<O>(_mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair))));
-  }
+  for (int m = 0; m < M; ++m) out[(m0 + m) * n] = static_cast<O>(radixserve::reduce_add(acc[m]));
 }
 #endif
 

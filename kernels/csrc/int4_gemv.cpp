@@ -46,6 +46,7 @@
 #include "group_scales.h"
 #include "int4_blocks.h"
 #include "row_count.h"
+#include "vector_sum.h"
 #include "weight_prefetch.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -243,11 +244,7 @@ struct RowConstants {
     RADIXSERVE_UNROLL
     for (int r = 0; r < R; ++r)
       RADIXSERVE_UNROLL
-      for (int m = 0; m < M; ++m) {
-        const __m128 half = _mm_add_ps(_mm256_castps256_ps128(lanes[r][m]), _mm256_extractf128_ps(lanes[r][m], 1));
-        const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
-        sum[r][m] = _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
-      }
+      for (int m = 0; m < M; ++m) sum[r][m] = radixserve::reduce_add(lanes[r][m]);
 #endif
     for (int r = 0; r < R; ++r)
       for (int m = 0; m < M; ++m) {
@@ -350,11 +347,7 @@ inline void pass_in_halves(const uint8_t* w, const RowConstants<M, R>& c, int64_
   RADIXSERVE_UNROLL
   for (int r = 0; r < R; ++r)
     RADIXSERVE_UNROLL
-    for (int m = 0; m < M; ++m) {
-      const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc[r][m]), _mm256_extractf128_ps(acc[r][m], 1));
-      const __m128 pair = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-      out[m * n + j + r] = static_cast<O>(_mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair))) + c.rest_of(r, m));
-    }
+    for (int m = 0; m < M; ++m) out[m * n + j + r] = static_cast<O>(radixserve::reduce_add(acc[r][m]) + c.rest_of(r, m));
 }
 #endif
 

@@ -34,6 +34,7 @@
 #include "group_scales.h"
 #include "int4_blocks.h"
 #include "row_count.h"
+#include "vector_sum.h"
 #include "weight_prefetch.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
@@ -117,14 +118,6 @@ void quantize_rows(const at::Tensor& x, Q8Activations& a) {
   }
 }
 
-#if RADIXSERVE_INT4_Q8 == 256
-inline float reduce_add(__m256 v) {
-  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
-  return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
-}
-#endif
-
 // R weight rows' constants: the lows' part of each activation row's result, and where their
 // scale codes and steps are (read a tile at a time in the loop: arrays of them built per pass of
 // rows cost as much as the pass).
@@ -167,7 +160,7 @@ struct RowsQ8 {
         for (; g + 8 <= groups; g += 8) sum = _mm256_fmadd_ps(_mm256_loadu_ps(l + g), _mm256_loadu_ps(xs + g), sum);
         float tail = 0.f;
         for (; g < groups; ++g) tail = std::fma(l[g], xs[g], tail);
-        rest[r][m] = reduce_add(sum) + tail;
+        rest[r][m] = radixserve::reduce_add(sum) + tail;
 #else
         float sum = 0.f;
         for (int64_t g = 0; g < groups; ++g) sum = std::fma(l[g], xs[g], sum);
@@ -366,7 +359,7 @@ void dot_rows256(const uint8_t* w, const RowsQ8<M, R>& c, int64_t n, int64_t j, 
   RADIXSERVE_UNROLL
   for (int r = 0; r < R; ++r)
     RADIXSERVE_UNROLL
-    for (int m = 0; m < M; ++m) out[(m0 + m) * n + j + r] = static_cast<O>(reduce_add(acc[r][m]) + c.rest[r][m]);
+    for (int m = 0; m < M; ++m) out[(m0 + m) * n + j + r] = static_cast<O>(radixserve::reduce_add(acc[r][m]) + c.rest[r][m]);
 }
 
 // Weight-row quads [begin, end) in blocks of about kBlockBytes of codes (kept in the second-level
