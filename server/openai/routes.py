@@ -173,11 +173,12 @@ async def completions(request: Request) -> Response:
         prompts = [engine.encode(p) if isinstance(p, str) else list(p) for p in given]
     except ValueError as exc:
         raise bad_request(ValueError(f"prompt: {exc}")) from exc
-    try:  # ids checked here, not only when submitted: echo decodes them first
-        for ids in prompts:
-            engine.check_token_ids(ids)
-    except ValueError as exc:
-        raise bad_request(exc) from exc  # param "input_ids", as the engine's own check says
+    if body.echo:  # echo decodes the ids before they are submitted (and checked there): check them first
+        try:
+            for ids in prompts:
+                engine.check_token_ids(ids)
+        except ValueError as exc:
+            raise bad_request(exc) from exc  # param "input_ids", as the engine's own check says
     # echo with logprobs scores the prompt itself (how evaluation harnesses score choices): logprobs
     # of every prompt position, so the cached prefix is recomputed up to its first token.
     overrides: dict[str, object] = {"logprob_start_len": 0} if body.echo and body.logprobs is not None else {}
