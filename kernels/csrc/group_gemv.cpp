@@ -26,6 +26,7 @@
 
 #include "activations16.h"
 #include "group_scales.h"
+#include "int16_panel.h"
 #include "row_count.h"
 #include "vector_sum.h"
 #include "weight_prefetch.h"
@@ -235,6 +236,27 @@ inline void row16(const int8_t* wj, int64_t k, int64_t group, const int16_t* x16
 #endif
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// Weight rows w[0..count) (the rest zeros) of K int8 codes -> the panel loop's layout
+// (int16_panel.h): panel[kp * 16 + c] the int16 pair of row c's codes 2kp, 2kp + 1. Eight rows'
+// 16 codes at a time, widened and transposed as 8 x 8 pairs.
+inline void lay_out_panel(const int8_t* w, int64_t k, int64_t count, int32_t* panel) {
+  using radixserve::panel::kCols;
+  for (int64_t h = 0; h < kCols; h += 8)
+    for (int64_t i = 0; i < k; i += 16) {
+      __m256i r[8], pairs[8];
+      RADIXSERVE_GROUP_UNROLL
+      for (int c = 0; c < 8; ++c)
+        r[c] = h + c < count ? _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (h + c) * k + i)))
+                             : _mm256_setzero_si256();
+      radixserve::panel::transpose_pairs(r, pairs);
+      RADIXSERVE_GROUP_UNROLL
+      for (int p = 0; p < 8; ++p)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + (i / 2 + p) * kCols + h), pairs[p]);
+    }
+}
+#endif
+
 // Weight rows [begin, end) against `rows` activation rows rounded to int16 (x16 [rows, k], xs
 // [rows, groups] their scales), into out[m * n + j]: the weight rows in blocks of about
 // kBlockBytes (kept in the second-level cache), each block against the activation rows four at a
@@ -297,6 +319,16 @@ at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor
     });
   };
   const auto run16 = [&](auto* op, const int16_t* x16, const float* xs) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (rows >= radixserve::panel::rows_from()) {
+      using radixserve::panel::kCols;
+      const auto lay_out = [&](int64_t j0, int64_t count, int32_t* panel) { lay_out_panel(wp + j0 * k, k, count, panel); };
+      at::parallel_for(0, (n + kCols - 1) / kCols, 1, [&](int64_t begin, int64_t end) {
+        radixserve::panel::products<false>(lay_out, sg, nullptr, n, k, group, begin, end, x16, xs, nullptr, rows, op);
+      });
+      return;
+    }
+#endif
     at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
       dot_rows16(wp, sg, n, k, group, begin, end, x16, xs, rows, op);
     });
@@ -329,10 +361,20 @@ at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor
 // than the dequantized weights, so the default leaves such weights dequantized there.
 bool group_gemv_fast() { return RADIXSERVE_GROUP_SIMD != 0; }
 
+// The fewest rows a call with int16 activations takes the panel loop for (0: this build has none).
+int64_t group_gemv_panel_rows() {
+#if defined(__AVX2__) && defined(__FMA__)
+  return radixserve::panel::rows_from();
+#else
+  return 0;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.def("group_gemv(Tensor x, Tensor w, Tensor scales, int group, Tensor? scale_steps=None, bool int16_activations=False) -> Tensor",
         group_gemv);
   m.def("group_gemv_fast() -> bool", group_gemv_fast);
+  m.def("group_gemv_panel_rows() -> int", group_gemv_panel_rows);
 }

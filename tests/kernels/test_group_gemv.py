@@ -53,12 +53,13 @@ def test_a_row_gives_the_same_bits_alone_and_in_a_batch() -> None:
 
 @pytest.mark.parametrize("group", [16, 32])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 33])  # any number a call: 4 at a time, then 1-3
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 20, 33])  # any number a call: the one-row loop, then the panel loop
 def test_int16_activations_err_by_at_most_their_rounding(group: int, dtype: torch.dtype, rows: int) -> None:
     """The integer loop (kernels/csrc/activations16.h; the default where int16_activations_default()):
     each group of activations rounded to int16 against its largest, so a product errs by at most
-    |w| * max|x_g| / 65534; the sums in integers are exact."""
-    n, k = 96, 192
+    |w| * max|x_g| / 65534; the sums in integers are exact. (100 weight rows: the panel loop's
+    16 a panel end in a part-filled one.)"""
+    n, k = 100, 192
     codes, scales, exact = weights(n, k, group, seed=rows)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(5)).to(dtype)
     out = ops().group_gemv(x, codes, scales, group, None, True)
@@ -71,14 +72,26 @@ def test_int16_activations_err_by_at_most_their_rounding(group: int, dtype: torc
 
 
 def test_int16_activations_a_row_the_same_alone_and_in_a_batch() -> None:
-    codes, scales, _ = weights(300, 128, 16, seed=3)
-    x = torch.randn(14, 128)
+    """Below the panel loop's row count (group_gemv_panel_rows) a row's bits are the same alone
+    and in a batch; from it on, the same in every batch that takes the panel loop, and within the
+    activations' rounding of the row alone."""
+    codes, scales, exact = weights(300, 128, 16, seed=3)
+    x = torch.randn(40, 128)
     x[2] = 0
-    together = ops().group_gemv(x, codes, scales, 16, None, True)
-    for i in range(14):
+    panel = ops().group_gemv_panel_rows() or 1000
+    few = min(panel - 1, 14)
+    together = ops().group_gemv(x[:few], codes, scales, 16, None, True)
+    for i in range(few):
         assert torch.equal(ops().group_gemv(x[i:i + 1], codes, scales, 16, None, True)[0], together[i])
-    assert torch.equal(ops().group_gemv(x[5:11], codes, scales, 16, None, True), together[5:11])
+    assert torch.equal(ops().group_gemv(x[1:few], codes, scales, 16, None, True), together[1:])
     assert torch.equal(together[2], torch.zeros(300))
+    if panel > 40:
+        return
+    wide = ops().group_gemv(x, codes, scales, 16, None, True)
+    for start, stop in ((0, panel), (3, 3 + panel), (5, 40), (40 - panel, 40)):
+        assert torch.equal(ops().group_gemv(x[start:stop], codes, scales, 16, None, True), wide[start:stop])
+    assert torch.equal(wide[2], torch.zeros(300))
+    assert torch.allclose(wide[:few], together, rtol=1e-5, atol=1e-5 * together.abs().max().item())
 
 
 def test_strided_rows_and_no_rows() -> None:

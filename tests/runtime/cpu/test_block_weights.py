@@ -12,7 +12,7 @@ import torch
 from kernels.cpu_ops import ops
 from runtime.cpu import block_linear
 from runtime.cpu.block_linear import BlockEmbedding, BlockLinear, block_product, keep_activations_exact
-from runtime.cpu.block_weights import (FEW_ROWS, INT16_ROWS, DenseBlocks, Int4Blocks, Int8Blocks, TorchInt4Blocks,
+from runtime.cpu.block_weights import (FEW_ROWS, INT16_ROWS, PANEL_ROWS, DenseBlocks, Int4Blocks, Int8Blocks, TorchInt4Blocks,
                                        block_weight, int16_activations_default)
 from runtime.loading.gguf_groups import Int4Groups
 from runtime.loading.gguf_int8_groups import Int8Groups
@@ -101,21 +101,30 @@ def test_wide_products_go_a_slice_at_a_time(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_int16_layers_take_up_to_int16_rows_from_the_codes_each_row_as_alone() -> None:
     """Rounding to int16, the kernels serve up to INT16_ROWS rows a product ahead of dequantized
-    slices and wide copies (a decode batch of 16 streams, a short prompt), a row's bits the same
-    as alone; past that, the wide path. Exact activations: FEW_ROWS a call."""
+    slices and wide copies (a decode batch of 16 streams, a short prompt), int8 codes up to
+    PANEL_ROWS where the panel loop is built; past that, the wide path. A row's bits are the same
+    as alone, or, from the panel loop's row count on, the same in any batch that takes it and
+    within rounding of alone. Exact activations: FEW_ROWS a call."""
     weights = [Int8Blocks(int8_groups(16, torch.float32))]
     if Int4Blocks.fits((N, K)):
         weights.append(Int4Blocks(int4_groups(half=False)))
-    x = torch.randn(40, K)
     for weight in weights:
         weight.int16_activations = True
-        weight.wide_copy = lambda rows: pytest.fail("an int16 layer's 9-32 rows went to its wide copy")
-        assert weight.rows_a_call == weight.integer_rows == INT16_ROWS
-        together = block_product(weight, x[:INT16_ROWS])
-        for i in (0, 7, 8, 16, INT16_ROWS - 1):
-            assert torch.equal(block_product(weight, x[i:i + 1])[0], together[i])
+        panel = ops().group_gemv_panel_rows() if isinstance(weight, Int8Blocks) else 0
+        limit = PANEL_ROWS if panel else INT16_ROWS
+        assert weight.rows_a_call == weight.integer_rows == limit
+        x = torch.randn(limit + 8, K)
+        weight.wide_copy = lambda rows: pytest.fail("an int16 layer's rows went to its wide copy below its limit")
+        together = block_product(weight, x[:limit])
+        for i in (0, 7, 8, 16, limit - 1):
+            alone = block_product(weight, x[i:i + 1])[0]
+            if panel:
+                assert torch.equal(block_product(weight, x[i:i + panel])[0], together[i])
+                assert torch.allclose(alone, together[i], rtol=1e-5, atol=1e-5 * alone.abs().max().item())
+            else:
+                assert torch.equal(alone, together[i])
         del weight.wide_copy
-        assert torch.equal(block_product(weight, x), block_linear.wide_product(weight, x))  # past INT16_ROWS
+        assert torch.equal(block_product(weight, x), block_linear.wide_product(weight, x))  # past the limit
         weight.int16_activations = False
         assert weight.rows_a_call == FEW_ROWS and weight.integer_rows == 0
 

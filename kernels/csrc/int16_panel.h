@@ -1,0 +1,145 @@
+// The panel loop of the int16 kernels (group_gemv.cpp's int8 codes, int4_gemv.cpp's 4-bit ones):
+// many activation rows rounded to int16 (activations16.h) against 16 weight rows at a time, on AVX2.
+//
+// Why: the one-row loops read a weight row along K, so every (weight row, activation row) pair
+// ends in a sum across a vector's lanes and every group in a scaling of its own; past a few rows
+// (a wide decode step, a jump-forward draft, a prompt) that bookkeeping, not the multiplies, bounds
+// them (about 40 GMAC/s on a 2-core Zen 3 where vpmaddwd alone could do 190). Here the kernel's own
+// lay-out function writes a panel: 16 weight rows' codes as int16 pairs, [K / 2][16], so one vector
+// holds 8 weight rows' codes at one pair of K positions. Each activation row's pair is broadcast to
+// it, one vpmaddwd gives 8 weight rows' pair sums, a group's integer sums stay in registers, and its
+// scaling is one multiply-add for 8 weight rows. The panel is laid out once a call and reread by
+// every 4 activation rows (from the first- or second-level cache: 4 bytes a weight, 20 KB at
+// K = 640, 280 KB at 8960).
+//
+// A row's result is the same in every call that takes this loop (rows are independent, and their
+// sums run in one order), but not bit for bit the one-row loops' (their float sums run in another).
+#pragma once
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "activations16.h"
+#include "group_scales.h"
+#include "row_count.h"
+
+namespace radixserve::panel {
+
+constexpr int64_t kCols = 16;  // weight rows a panel holds
+constexpr int kRows = 4;       // activation rows a pass: 8 sums in registers, 2 codes, 1 broadcast
+
+// out[p] = lane p (a 32-bit pair) of r[0..7], one lane a row: an 8 x 8 transpose of pairs.
+inline void transpose_pairs(const __m256i (&r)[8], __m256i (&out)[8]) {
+  __m256i t[8], u[8];
+#pragma GCC unroll 8
+  for (int c = 0; c < 8; c += 2) {
+    t[c] = _mm256_unpacklo_epi32(r[c], r[c + 1]);      // pairs 0, 1 | 4, 5 of rows c, c + 1
+    t[c + 1] = _mm256_unpackhi_epi32(r[c], r[c + 1]);  // pairs 2, 3 | 6, 7
+  }
+#pragma GCC unroll 8
+  for (int q = 0; q < 8; q += 4) {  // rows q..q+3: each pair's four rows in one half
+    u[q] = _mm256_unpacklo_epi64(t[q], t[q + 2]);
+    u[q + 1] = _mm256_unpackhi_epi64(t[q], t[q + 2]);
+    u[q + 2] = _mm256_unpacklo_epi64(t[q + 1], t[q + 3]);
+    u[q + 3] = _mm256_unpackhi_epi64(t[q + 1], t[q + 3]);
+  }
+#pragma GCC unroll 8
+  for (int p = 0; p < 4; ++p) {  // u[p]: pair p | p + 4 of rows 0-3; u[p + 4] of rows 4-7
+    out[p] = _mm256_permute2x128_si256(u[p], u[p + 4], 0x20);
+    out[p + 4] = _mm256_permute2x128_si256(u[p], u[p + 4], 0x31);
+  }
+}
+
+// M activation rows (x16 [M, k] rows k apart, xs [M, groups] their scales, and where Lows each
+// group's sum of the exact activations, sums [M, groups]) against a panel whose weight rows have
+// scales ws [groups, 16] and (Lows) lows lw [groups, 16]: w = scale * code (+ low).
+// acc: [M, 16] floats of scratch. Writes out[m * n + c] for c < count.
+template <int M, bool Lows, typename O>
+void pass(const int32_t* panel, int64_t k, int64_t group, const float* ws, const float* lw, const int16_t* x16,
+          const float* xs, const float* sums, float* acc, O* out, int64_t n, int64_t count) {
+  const int64_t groups = k / group, pairs = group / 2;
+  std::fill(acc, acc + M * kCols, 0.f);
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i part[M][2];
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) part[m][0] = part[m][1] = _mm256_setzero_si256();
+    const int32_t* pg = panel + g * pairs * kCols;
+    const int16_t* xg = x16 + g * group;
+    for (int64_t p = 0; p < pairs; ++p) {
+      __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pg + p * kCols));
+      __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pg + p * kCols + 8));
+      asm("" : "+x"(w0), "+x"(w1));  // in registers: GCC otherwise reloads them for every row's multiply
+#pragma GCC unroll 8
+      for (int m = 0; m < M; ++m) {
+        int32_t pair;
+        std::memcpy(&pair, xg + m * k + 2 * p, sizeof(pair));
+        const __m256i xv = _mm256_set1_epi32(pair);
+        part[m][0] = _mm256_add_epi32(part[m][0], _mm256_madd_epi16(w0, xv));
+        part[m][1] = _mm256_add_epi32(part[m][1], _mm256_madd_epi16(w1, xv));
+      }
+    }
+    // the group's sums scaled into acc, in memory: a group's 8 or 16 pairs of multiply-adds outlast it
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) {
+      const __m256 scale = _mm256_set1_ps(xs[m * groups + g]);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        float* am = acc + m * kCols + 8 * h;
+        __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(part[m][h]), _mm256_mul_ps(_mm256_loadu_ps(ws + g * kCols + 8 * h), scale),
+                                   _mm256_loadu_ps(am));
+        if constexpr (Lows)
+          v = _mm256_fmadd_ps(_mm256_loadu_ps(lw + g * kCols + 8 * h), _mm256_set1_ps(sums[m * groups + g]), v);
+        _mm256_storeu_ps(am, v);
+      }
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int64_t c = 0; c < count; ++c) out[m * n + c] = static_cast<O>(acc[m * kCols + c]);
+}
+
+// Weight rows [16 * begin, 16 * end) of n against all `rows` activation rows, a panel at a time:
+// lay_out(j0, count, panel) writes rows j0..j0+count's codes as [K / 2][16] int16 pairs (rows past
+// count as zeros); scales and (Lows) lows in group_scales.h's forms. out[m * n + j].
+template <bool Lows, typename O, typename LayOut>
+void products(LayOut&& lay_out, const GroupScales& scales, const GroupScales* lows, int64_t n, int64_t k, int64_t group,
+              int64_t begin, int64_t end, const int16_t* x16, const float* xs, const float* sums, int64_t rows, O* out) {
+  const int64_t groups = k / group;
+  std::vector<int32_t, CacheLineAllocator<int32_t>> panel(k / 2 * kCols);
+  std::vector<float> expanded(kCols * groups), ws(groups * kCols), lw(Lows ? groups * kCols : 0), acc(kRows * kCols);
+  const auto by_group = [&](const GroupScales& from, int64_t j0, int64_t count, std::vector<float>& into) {
+    from.expand(j0, count, expanded.data());  // [count, groups] -> [groups, 16]
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t c = 0; c < kCols; ++c) into[g * kCols + c] = c < count ? expanded[c * groups + g] : 0.f;
+  };
+  for (int64_t b = begin; b < end; ++b) {
+    const int64_t j0 = b * kCols, count = std::min(kCols, n - j0);
+    lay_out(j0, count, panel.data());
+    by_group(scales, j0, count, ws);
+    if constexpr (Lows) by_group(*lows, j0, count, lw);
+    for (int64_t m0 = 0; m0 < rows; m0 += kRows)
+      with_row_count<kRows>(std::min<int64_t>(kRows, rows - m0), [&](auto m) {
+        pass<decltype(m)::value, Lows>(panel.data(), k, group, ws.data(), lw.data(), x16 + m0 * k, xs + m0 * groups,
+                                       Lows ? sums + m0 * groups : nullptr, acc.data(), out + m0 * n + j0, n, count);
+      });
+  }
+}
+
+// The fewest rows a call takes this loop for: 8 (at 8 rows it runs about even with the one-row
+// loops, past them ahead: 16-64 rows 1.3-1.6 times their rate, 2-core Zen 3); RADIXSERVE_PANEL_ROWS
+// moves it, for measuring.
+inline int64_t rows_from() {
+  static const int64_t from = [] {
+    const char* v = std::getenv("RADIXSERVE_PANEL_ROWS");
+    return v ? std::atoll(v) : int64_t{8};
+  }();
+  return from;
+}
+
+}  // namespace radixserve::panel
+#endif
