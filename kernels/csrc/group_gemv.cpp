@@ -324,7 +324,7 @@ at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor
       using radixserve::panel::kCols;
       const auto lay_out = [&](int64_t j0, int64_t count, int32_t* panel) { lay_out_panel(wp + j0 * k, k, count, panel); };
       at::parallel_for(0, (n + kCols - 1) / kCols, 1, [&](int64_t begin, int64_t end) {
-        radixserve::panel::products<false>(lay_out, sg, nullptr, n, k, group, begin, end, x16, xs, nullptr, rows, op);
+        radixserve::panel::products(lay_out, sg, n, k, group, begin, end, x16, xs, rows, op);
       });
       return;
     }

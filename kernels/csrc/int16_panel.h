@@ -1,5 +1,7 @@
-// The panel loop of the int16 kernels (group_gemv.cpp's int8 codes, int4_gemv.cpp's 4-bit ones):
-// many activation rows rounded to int16 (activations16.h) against 16 weight rows at a time, on AVX2.
+// The panel loop of the int16 kernels (group_gemv.cpp's int8 codes): many activation rows rounded
+// to int16 (activations16.h) against 16 weight rows at a time, on AVX2. (int4_gemv.cpp's 4-bit
+// codes were tried through it too: 16-64 rows ran no faster than their own loop, which shares each
+// decoded code among 2 weight rows x 4 activation rows, 45-50 GMAC/s either way; so they keep it.)
 //
 // Why: the one-row loops read a weight row along K, so every (weight row, activation row) pair
 // ends in a sum across a vector's lanes and every group in a scaling of its own; past a few rows
@@ -56,13 +58,12 @@ inline void transpose_pairs(const __m256i (&r)[8], __m256i (&out)[8]) {
   }
 }
 
-// M activation rows (x16 [M, k] rows k apart, xs [M, groups] their scales, and where Lows each
-// group's sum of the exact activations, sums [M, groups]) against a panel whose weight rows have
-// scales ws [groups, 16] and (Lows) lows lw [groups, 16]: w = scale * code (+ low).
-// acc: [M, 16] floats of scratch. Writes out[m * n + c] for c < count.
-template <int M, bool Lows, typename O>
-void pass(const int32_t* panel, int64_t k, int64_t group, const float* ws, const float* lw, const int16_t* x16,
-          const float* xs, const float* sums, float* acc, O* out, int64_t n, int64_t count) {
+// M activation rows (x16 [M, k] rows k apart, xs [M, groups] their scales) against a panel whose
+// weight rows have scales ws [groups, 16]: w = scale * code. acc: [M, 16] floats of scratch.
+// Writes out[m * n + c] for c < count.
+template <int M, typename O>
+void pass(const int32_t* panel, int64_t k, int64_t group, const float* ws, const int16_t* x16, const float* xs,
+          float* acc, O* out, int64_t n, int64_t count) {
   const int64_t groups = k / group, pairs = group / 2;
   std::fill(acc, acc + M * kCols, 0.f);
   for (int64_t g = 0; g < groups; ++g) {
@@ -91,11 +92,8 @@ void pass(const int32_t* panel, int64_t k, int64_t group, const float* ws, const
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         float* am = acc + m * kCols + 8 * h;
-        __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(part[m][h]), _mm256_mul_ps(_mm256_loadu_ps(ws + g * kCols + 8 * h), scale),
-                                   _mm256_loadu_ps(am));
-        if constexpr (Lows)
-          v = _mm256_fmadd_ps(_mm256_loadu_ps(lw + g * kCols + 8 * h), _mm256_set1_ps(sums[m * groups + g]), v);
-        _mm256_storeu_ps(am, v);
+        const __m256 both = _mm256_mul_ps(_mm256_loadu_ps(ws + g * kCols + 8 * h), scale);
+        _mm256_storeu_ps(am, _mm256_fmadd_ps(_mm256_cvtepi32_ps(part[m][h]), both, _mm256_loadu_ps(am)));
       }
     }
   }
@@ -105,33 +103,29 @@ void pass(const int32_t* panel, int64_t k, int64_t group, const float* ws, const
 
 // Weight rows [16 * begin, 16 * end) of n against all `rows` activation rows, a panel at a time:
 // lay_out(j0, count, panel) writes rows j0..j0+count's codes as [K / 2][16] int16 pairs (rows past
-// count as zeros); scales and (Lows) lows in group_scales.h's forms. out[m * n + j].
-template <bool Lows, typename O, typename LayOut>
-void products(LayOut&& lay_out, const GroupScales& scales, const GroupScales* lows, int64_t n, int64_t k, int64_t group,
-              int64_t begin, int64_t end, const int16_t* x16, const float* xs, const float* sums, int64_t rows, O* out) {
+// count as zeros); scales in group_scales.h's forms. out[m * n + j].
+template <typename O, typename LayOut>
+void products(LayOut&& lay_out, const GroupScales& scales, int64_t n, int64_t k, int64_t group, int64_t begin,
+              int64_t end, const int16_t* x16, const float* xs, int64_t rows, O* out) {
   const int64_t groups = k / group;
   std::vector<int32_t, CacheLineAllocator<int32_t>> panel(k / 2 * kCols);
-  std::vector<float> expanded(kCols * groups), ws(groups * kCols), lw(Lows ? groups * kCols : 0), acc(kRows * kCols);
-  const auto by_group = [&](const GroupScales& from, int64_t j0, int64_t count, std::vector<float>& into) {
-    from.expand(j0, count, expanded.data());  // [count, groups] -> [groups, 16]
-    for (int64_t g = 0; g < groups; ++g)
-      for (int64_t c = 0; c < kCols; ++c) into[g * kCols + c] = c < count ? expanded[c * groups + g] : 0.f;
-  };
+  std::vector<float> expanded(kCols * groups), ws(groups * kCols), acc(kRows * kCols);
   for (int64_t b = begin; b < end; ++b) {
     const int64_t j0 = b * kCols, count = std::min(kCols, n - j0);
     lay_out(j0, count, panel.data());
-    by_group(scales, j0, count, ws);
-    if constexpr (Lows) by_group(*lows, j0, count, lw);
+    scales.expand(j0, count, expanded.data());  // [count, groups] -> [groups, 16]
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t c = 0; c < kCols; ++c) ws[g * kCols + c] = c < count ? expanded[c * groups + g] : 0.f;
     for (int64_t m0 = 0; m0 < rows; m0 += kRows)
       with_row_count<kRows>(std::min<int64_t>(kRows, rows - m0), [&](auto m) {
-        pass<decltype(m)::value, Lows>(panel.data(), k, group, ws.data(), lw.data(), x16 + m0 * k, xs + m0 * groups,
-                                       Lows ? sums + m0 * groups : nullptr, acc.data(), out + m0 * n + j0, n, count);
+        pass<decltype(m)::value>(panel.data(), k, group, ws.data(), x16 + m0 * k, xs + m0 * groups, acc.data(),
+                                 out + m0 * n + j0, n, count);
       });
   }
 }
 
 // The fewest rows a call takes this loop for: 8 (at 8 rows it runs about even with the one-row
-// loops, past them ahead: 16-64 rows 1.3-1.6 times their rate, 2-core Zen 3); RADIXSERVE_PANEL_ROWS
+// loop, past it ahead: 16-64 rows 1.3-2.5 times its rate, 2-core Zen 3); RADIXSERVE_PANEL_ROWS
 // moves it, for measuring.
 inline int64_t rows_from() {
   static const int64_t from = [] {

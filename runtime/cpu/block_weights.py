@@ -46,11 +46,11 @@ FEW_ROWS = 8  # the most rows one call of the group and int4 kernels takes with 
 # Zen 3, 2 threads, 1.5B shapes' gate/up and down layers: 16 rows 5-8 ms against 13-23, 32 rows
 # 9-14 against 14-27; even at 64): block_linear.block_product.
 INT16_ROWS = 32
-# Int8 codes with int16 activations past the one-row loop's rows take kernels/csrc/group_gemv.cpp's
-# panel loop (16 weight rows side by side, any number of activation rows: AVX2), which beats the
-# wide paths up to here: the default model's 1536x640 and 4096x640 layers at 64-512 rows, 2-core
-# Zen 3, 70-87 GMAC/s against 55-71 for the packed float32 copy and 35-71 for dequantized slices
-# (its 640x2048 ones about even).
+# Int8 codes with int16 activations past the one-row loop's rows take the panel loop
+# (kernels/csrc/int16_panel.h: 16 weight rows side by side, any number of activation rows; AVX2),
+# which beats the wide paths up to here: the default model's 1536x640 and 4096x640 int8 layers at
+# 64-512 rows, 2-core Zen 3, 70-87 GMAC/s against 55-71 for the packed float32 copy and 35-71 for
+# dequantized slices (its 640x2048 ones about even).
 PANEL_ROWS = 256
 
 
@@ -121,17 +121,21 @@ def _quad_rows(packed: torch.Tensor, ids: torch.Tensor, k: int,
 
 class KernelRows:
     """How many activation rows the group and int4 kernels take, for block_linear.block_product:
-    with the activations rounded to int16 (rounds_to_int16), INT16_ROWS a call, ahead of any wide
-    path; with exact ones FEW_ROWS a call."""
+    with the activations rounded to int16 (rounds_to_int16), INT16_ROWS a call, or PANEL_ROWS for
+    int8 codes with the panel loop, ahead of any wide path; with exact ones FEW_ROWS a call."""
 
     @property
     def integer_rows(self) -> int:
-        """Rows up to which the int16 loop serves a product ahead of any wide path (0: not rounding)."""
-        return INT16_ROWS if rounds_to_int16(self) else 0  # type: ignore[arg-type]
+        """Rows up to which the int16 loops serve a product ahead of any wide path (0: not
+        rounding): for int8 codes PANEL_ROWS where the panel loop is built, else INT16_ROWS."""
+        if not rounds_to_int16(self):  # type: ignore[arg-type]
+            return 0
+        panel = isinstance(self, Int8Blocks) and has_panel_loop() and not self.int8_activations
+        return PANEL_ROWS if panel else INT16_ROWS
 
     @property
     def rows_a_call(self) -> int:
-        return INT16_ROWS if rounds_to_int16(self) else FEW_ROWS  # type: ignore[arg-type]
+        return self.integer_rows or FEW_ROWS
 
 
 class Int8Blocks(KernelRows):
@@ -146,16 +150,6 @@ class Int8Blocks(KernelRows):
         self.codes = groups.codes.contiguous()
         self.scales, self.steps = compact_scales(groups.scales, groups.group)
         self.shape, self.group = groups.shape, groups.group
-
-    @property
-    def integer_rows(self) -> int:
-        """As KernelRows', but with the int16 panel loop (AVX2) up to PANEL_ROWS rows."""
-        rows = super().integer_rows
-        return PANEL_ROWS if rows and not self.int8_activations and has_panel_loop() else rows
-
-    @property
-    def rows_a_call(self) -> int:
-        return max(super().rows_a_call, self.integer_rows)
 
     def few(self, x: torch.Tensor) -> torch.Tensor:
         if self.int8_activations:
