@@ -7,12 +7,12 @@
 // ends in a sum across a vector's lanes and every group in a scaling of its own; past a few rows
 // (a wide decode step, a jump-forward draft, a prompt) that bookkeeping, not the multiplies, bounds
 // them (about 40 GMAC/s on a 2-core Zen 3 where vpmaddwd alone could do 190). Here the kernel's own
-// lay-out function writes a panel: 16 weight rows' codes as int16 pairs, [K / 2][16], so one vector
-// holds 8 weight rows' codes at one pair of K positions. Each activation row's pair is broadcast to
+// lay-out function writes a panel: 16 weight rows' codes in pairs, [K / 2][16], so one vector
+// (widened to int16) holds 8 weight rows' codes at one pair of K positions. Each activation row's pair is broadcast to
 // it, one vpmaddwd gives 8 weight rows' pair sums, a group's integer sums stay in registers, and its
 // scaling is one multiply-add for 8 weight rows. The panel is laid out once a call and reread by
-// every 4 activation rows (from the first- or second-level cache: 4 bytes a weight, 20 KB at
-// K = 640, 280 KB at 8960).
+// every 4 activation rows (from the first- or second-level cache: 2 bytes a weight, 20 KB at
+// K = 640, 140 KB at 8960).
 //
 // A row's result is the same in every call that takes this loop (rows are independent, and their
 // sums run in one order), but not bit for bit the one-row loops' (their float sums run in another).
@@ -36,33 +36,11 @@ namespace radixserve::panel {
 constexpr int64_t kCols = 16;  // weight rows a panel holds
 constexpr int kRows = 4;       // activation rows a pass: 8 sums in registers, 2 codes, 1 broadcast
 
-// out[p] = lane p (a 32-bit pair) of r[0..7], one lane a row: an 8 x 8 transpose of pairs.
-inline void transpose_pairs(const __m256i (&r)[8], __m256i (&out)[8]) {
-  __m256i t[8], u[8];
-#pragma GCC unroll 8
-  for (int c = 0; c < 8; c += 2) {
-    t[c] = _mm256_unpacklo_epi32(r[c], r[c + 1]);      // pairs 0, 1 | 4, 5 of rows c, c + 1
-    t[c + 1] = _mm256_unpackhi_epi32(r[c], r[c + 1]);  // pairs 2, 3 | 6, 7
-  }
-#pragma GCC unroll 8
-  for (int q = 0; q < 8; q += 4) {  // rows q..q+3: each pair's four rows in one half
-    u[q] = _mm256_unpacklo_epi64(t[q], t[q + 2]);
-    u[q + 1] = _mm256_unpackhi_epi64(t[q], t[q + 2]);
-    u[q + 2] = _mm256_unpacklo_epi64(t[q + 1], t[q + 3]);
-    u[q + 3] = _mm256_unpackhi_epi64(t[q + 1], t[q + 3]);
-  }
-#pragma GCC unroll 8
-  for (int p = 0; p < 4; ++p) {  // u[p]: pair p | p + 4 of rows 0-3; u[p + 4] of rows 4-7
-    out[p] = _mm256_permute2x128_si256(u[p], u[p + 4], 0x20);
-    out[p + 4] = _mm256_permute2x128_si256(u[p], u[p + 4], 0x31);
-  }
-}
-
 // M activation rows (x16 [M, k] rows k apart, xs [M, groups] their scales) against a panel whose
 // weight rows have scales ws [groups, 16]: w = scale * code. acc: [M, 16] floats of scratch.
 // Writes out[m * n + c] for c < count.
 template <int M, typename O>
-void pass(const int32_t* panel, int64_t k, int64_t group, const float* ws, const int16_t* x16, const float* xs,
+void pass(const int16_t* panel, int64_t k, int64_t group, const float* ws, const int16_t* x16, const float* xs,
           float* acc, O* out, int64_t n, int64_t count) {
   const int64_t groups = k / group, pairs = group / 2;
   std::fill(acc, acc + M * kCols, 0.f);
@@ -70,11 +48,13 @@ void pass(const int32_t* panel, int64_t k, int64_t group, const float* ws, const
     __m256i part[M][2];
 #pragma GCC unroll 8
     for (int m = 0; m < M; ++m) part[m][0] = part[m][1] = _mm256_setzero_si256();
-    const int32_t* pg = panel + g * pairs * kCols;
+    const int16_t* pg = panel + g * pairs * kCols;
     const int16_t* xg = x16 + g * group;
     for (int64_t p = 0; p < pairs; ++p) {
-      __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pg + p * kCols));
-      __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pg + p * kCols + 8));
+      // 8 weight rows' code pairs a vector, widened to int16 here (half the panel's bytes, and
+      // its lay-out a quarter of the shuffles, against widening once there)
+      __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pg + p * kCols)));
+      __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pg + p * kCols + 8)));
       asm("" : "+x"(w0), "+x"(w1));  // in registers: GCC otherwise reloads them for every row's multiply
 #pragma GCC unroll 8
       for (int m = 0; m < M; ++m) {
@@ -102,13 +82,13 @@ void pass(const int32_t* panel, int64_t k, int64_t group, const float* ws, const
 }
 
 // Weight rows [16 * begin, 16 * end) of n against all `rows` activation rows, a panel at a time:
-// lay_out(j0, count, panel) writes rows j0..j0+count's codes as [K / 2][16] int16 pairs (rows past
-// count as zeros); scales in group_scales.h's forms. out[m * n + j].
+// lay_out(j0, count, panel) writes rows j0..j0+count's int8 codes as [K / 2][16] pairs (16 bits
+// each; rows past count as zeros); scales in group_scales.h's forms. out[m * n + j].
 template <typename O, typename LayOut>
 void products(LayOut&& lay_out, const GroupScales& scales, int64_t n, int64_t k, int64_t group, int64_t begin,
               int64_t end, const int16_t* x16, const float* xs, int64_t rows, O* out) {
   const int64_t groups = k / group;
-  std::vector<int32_t, CacheLineAllocator<int32_t>> panel(k / 2 * kCols);
+  std::vector<int16_t, CacheLineAllocator<int16_t>> panel(k / 2 * kCols);
   std::vector<float> expanded(kCols * groups), ws(groups * kCols), acc(kRows * kCols);
   for (int64_t b = begin; b < end; ++b) {
     const int64_t j0 = b * kCols, count = std::min(kCols, n - j0);
