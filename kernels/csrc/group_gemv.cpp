@@ -17,7 +17,9 @@
 //
 // Rows are independent: a row's result depends on the rows sharing the call only through how
 // many there are (1, 2, more), which sets how many partial sums a row keeps, so the order of its
-// float32 additions; bf16 results round that away.
+// float32 additions; bf16 results round that away. With int16 activations a call of
+// radixserve::panel::rows_from() rows or more takes the panel loop (int16_panel.h), whose float
+// sums run in another order than the one-row loop's: the same bits in every call of either kind.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

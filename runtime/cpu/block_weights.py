@@ -56,7 +56,8 @@ PANEL_ROWS = 256
 
 @functools.cache
 def has_panel_loop() -> bool:
-    return bool(ops().group_gemv_panel_rows())  # type: ignore[union-attr]
+    built = ops()
+    return built is not None and bool(built.group_gemv_panel_rows())  # type: ignore[attr-defined]
 
 
 class BlockWeight(Protocol):
