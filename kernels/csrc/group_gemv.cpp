@@ -238,42 +238,6 @@ inline void row16(const int8_t* wj, int64_t k, int64_t group, const int16_t* x16
 #endif
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
-// Weight rows w[0..count) (the rest zeros) of K int8 codes -> the panel loop's layout
-// (int16_panel.h): panel[kp * 16 + c] row c's codes 2kp, 2kp + 1 (16 bits). Rows c and c + 8 share
-// a vector (one a half), so one 8 x 8 transpose of 16-bit pairs within the halves writes 16 rows'
-// pair kp as one 32-byte store.
-inline void lay_out_panel(const int8_t* w, int64_t k, int64_t count, int16_t* panel) {
-  using radixserve::panel::kCols;
-  const auto row = [&](int64_t c, int64_t i) {
-    return c < count ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * k + i)) : _mm_setzero_si128();
-  };
-  for (int64_t i = 0; i < k; i += 16) {
-    __m256i r[8], t[8], u[8];
-    RADIXSERVE_GROUP_UNROLL
-    for (int c = 0; c < 8; ++c) r[c] = _mm256_inserti128_si256(_mm256_castsi128_si256(row(c, i)), row(c + 8, i), 1);
-    RADIXSERVE_GROUP_UNROLL
-    for (int c = 0; c < 8; c += 2) {
-      t[c] = _mm256_unpacklo_epi16(r[c], r[c + 1]);      // pairs 0-3 of rows c, c + 1 (each half)
-      t[c + 1] = _mm256_unpackhi_epi16(r[c], r[c + 1]);  // pairs 4-7
-    }
-    RADIXSERVE_GROUP_UNROLL
-    for (int q = 0; q < 8; q += 4) {  // rows q..q+3
-      u[q] = _mm256_unpacklo_epi32(t[q], t[q + 2]);          // pairs 0, 1
-      u[q + 1] = _mm256_unpackhi_epi32(t[q], t[q + 2]);      // pairs 2, 3
-      u[q + 2] = _mm256_unpacklo_epi32(t[q + 1], t[q + 3]);  // pairs 4, 5
-      u[q + 3] = _mm256_unpackhi_epi32(t[q + 1], t[q + 3]);  // pairs 6, 7
-    }
-    int16_t* at = panel + (i / 2) * kCols;
-    RADIXSERVE_GROUP_UNROLL
-    for (int h = 0; h < 4; ++h) {  // u[h]: pairs 2h, 2h + 1 of rows 0-3; u[h + 4] of rows 4-7
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + (2 * h) * kCols), _mm256_unpacklo_epi64(u[h], u[h + 4]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + (2 * h + 1) * kCols), _mm256_unpackhi_epi64(u[h], u[h + 4]));
-    }
-  }
-}
-#endif
-
 // Weight rows [begin, end) against `rows` activation rows rounded to int16 (x16 [rows, k], xs
 // [rows, groups] their scales), into out[m * n + j]: the weight rows in blocks of about
 // kBlockBytes (kept in the second-level cache), each block against the activation rows four at a
@@ -339,9 +303,8 @@ at::Tensor group_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor
 #if defined(__AVX2__) && defined(__FMA__)
     if (rows >= radixserve::panel::rows_from()) {
       using radixserve::panel::kCols;
-      const auto lay_out = [&](int64_t j0, int64_t count, int16_t* panel) { lay_out_panel(wp + j0 * k, k, count, panel); };
       at::parallel_for(0, (n + kCols - 1) / kCols, 1, [&](int64_t begin, int64_t end) {
-        radixserve::panel::products(lay_out, sg, n, k, group, begin, end, x16, xs, rows, op);
+        radixserve::panel::products(wp, sg, n, k, group, begin, end, x16, xs, rows, op);
       });
       return;
     }

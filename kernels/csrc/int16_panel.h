@@ -6,10 +6,10 @@
 // Why: the one-row loops read a weight row along K, so every (weight row, activation row) pair
 // ends in a sum across a vector's lanes and every group in a scaling of its own; past a few rows
 // (a wide decode step, a jump-forward draft, a prompt) that bookkeeping, not the multiplies, bounds
-// them (about 40 GMAC/s on a 2-core Zen 3 where vpmaddwd alone could do 190). Here the kernel's own
-// lay-out function writes a panel: 16 weight rows' codes in pairs, [K / 2][16], so one vector
-// (widened to int16) holds 8 weight rows' codes at one pair of K positions. Each activation row's pair is broadcast to
-// it, one vpmaddwd gives 8 weight rows' pair sums, a group's integer sums stay in registers, and its
+// them (about 40 GMAC/s on a 2-core Zen 3 where vpmaddwd alone could do 190). Here a panel holds
+// 16 weight rows' codes in pairs, [K / 2][16], so one vector (widened to int16) holds 8 weight
+// rows' codes at one pair of K positions. Each activation row's pair is broadcast to it, one
+// vpmaddwd gives 8 weight rows' pair sums, a group's integer sums stay in registers, and its
 // scaling is one multiply-add for 8 weight rows. The panel is laid out once a call and reread by
 // every 4 activation rows (from the first- or second-level cache: 2 bytes a weight, 20 KB at
 // K = 640, 140 KB at 8960).
@@ -35,6 +35,38 @@ namespace radixserve::panel {
 
 constexpr int64_t kCols = 16;  // weight rows a panel holds
 constexpr int kRows = 4;       // activation rows a pass: 8 sums in registers, 2 codes, 1 broadcast
+
+// Weight rows w[0..count) (the rest zeros) of K int8 codes -> a panel: panel[kp * 16 + c] row c's
+// codes 2kp, 2kp + 1 (16 bits). Rows c and c + 8 share a vector (one a half), so one 8 x 8
+// transpose of 16-bit pairs within the halves writes 16 rows' pair kp as one 32-byte store.
+inline void lay_out_panel(const int8_t* w, int64_t k, int64_t count, int16_t* panel) {
+  const auto row = [&](int64_t c, int64_t i) {
+    return c < count ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * k + i)) : _mm_setzero_si128();
+  };
+  for (int64_t i = 0; i < k; i += 16) {
+    __m256i r[8], t[8], u[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) r[c] = _mm256_inserti128_si256(_mm256_castsi128_si256(row(c, i)), row(c + 8, i), 1);
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c += 2) {
+      t[c] = _mm256_unpacklo_epi16(r[c], r[c + 1]);      // pairs 0-3 of rows c, c + 1 (each half)
+      t[c + 1] = _mm256_unpackhi_epi16(r[c], r[c + 1]);  // pairs 4-7
+    }
+#pragma GCC unroll 8
+    for (int q = 0; q < 8; q += 4) {  // rows q..q+3
+      u[q] = _mm256_unpacklo_epi32(t[q], t[q + 2]);          // pairs 0, 1
+      u[q + 1] = _mm256_unpackhi_epi32(t[q], t[q + 2]);      // pairs 2, 3
+      u[q + 2] = _mm256_unpacklo_epi32(t[q + 1], t[q + 3]);  // pairs 4, 5
+      u[q + 3] = _mm256_unpackhi_epi32(t[q + 1], t[q + 3]);  // pairs 6, 7
+    }
+    int16_t* at = panel + (i / 2) * kCols;
+#pragma GCC unroll 8
+    for (int h = 0; h < 4; ++h) {  // u[h]: pairs 2h, 2h + 1 of rows 0-3; u[h + 4] of rows 4-7
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + (2 * h) * kCols), _mm256_unpacklo_epi64(u[h], u[h + 4]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + (2 * h + 1) * kCols), _mm256_unpackhi_epi64(u[h], u[h + 4]));
+    }
+  }
+}
 
 // M activation rows (x16 [M, k] rows k apart, xs [M, groups] their scales) against a panel whose
 // weight rows have scales ws [groups, 16]: w = scale * code. acc: [M, 16] floats of scratch.
@@ -81,18 +113,17 @@ void pass(const int16_t* panel, int64_t k, int64_t group, const float* ws, const
     for (int64_t c = 0; c < count; ++c) out[m * n + c] = static_cast<O>(acc[m * kCols + c]);
 }
 
-// Weight rows [16 * begin, 16 * end) of n against all `rows` activation rows, a panel at a time:
-// lay_out(j0, count, panel) writes rows j0..j0+count's int8 codes as [K / 2][16] pairs (16 bits
-// each; rows past count as zeros); scales in group_scales.h's forms. out[m * n + j].
-template <typename O, typename LayOut>
-void products(LayOut&& lay_out, const GroupScales& scales, int64_t n, int64_t k, int64_t group, int64_t begin,
+// Weight rows [16 * begin, 16 * end) of the int8 codes w [n, k] against all `rows` activation
+// rows, a panel at a time; scales in group_scales.h's forms. out[m * n + j].
+template <typename O>
+void products(const int8_t* w, const GroupScales& scales, int64_t n, int64_t k, int64_t group, int64_t begin,
               int64_t end, const int16_t* x16, const float* xs, int64_t rows, O* out) {
   const int64_t groups = k / group;
   std::vector<int16_t, CacheLineAllocator<int16_t>> panel(k / 2 * kCols);
   std::vector<float> expanded(kCols * groups), ws(groups * kCols), acc(kRows * kCols);
   for (int64_t b = begin; b < end; ++b) {
     const int64_t j0 = b * kCols, count = std::min(kCols, n - j0);
-    lay_out(j0, count, panel.data());
+    lay_out_panel(w + j0 * k, k, count, panel.data());
     scales.expand(j0, count, expanded.data());  // [count, groups] -> [groups, 16]
     for (int64_t g = 0; g < groups; ++g)
       for (int64_t c = 0; c < kCols; ++c) ws[g * kCols + c] = c < count ? expanded[c * groups + g] : 0.f;

@@ -125,13 +125,15 @@ class KernelRows:
     with the activations rounded to int16 (rounds_to_int16), INT16_ROWS a call, or PANEL_ROWS for
     int8 codes with the panel loop, ahead of any wide path; with exact ones FEW_ROWS a call."""
 
+    panel_kernel = False  # whether the kind's int16 kernel has the panel loop (group_gemv's: Int8Blocks)
+
     @property
     def integer_rows(self) -> int:
         """Rows up to which the int16 loops serve a product ahead of any wide path (0: not
         rounding): for int8 codes PANEL_ROWS where the panel loop is built, else INT16_ROWS."""
         if not rounds_to_int16(self):  # type: ignore[arg-type]
             return 0
-        panel = isinstance(self, Int8Blocks) and has_panel_loop() and not self.int8_activations
+        panel = self.panel_kernel and has_panel_loop() and not self.int8_activations  # type: ignore[attr-defined]
         return PANEL_ROWS if panel else INT16_ROWS
 
     @property
@@ -143,6 +145,7 @@ class Int8Blocks(KernelRows):
     """w[n, k] = scales[n, k // group] * codes[n, k] (scales in compact_scales' form)."""
 
     wide_itself = False
+    panel_kernel = True
     kept_tensors, kept_attrs = ("codes", "scales", "steps"), ("shape", "group")
     int16_activations: bool | None = None  # as Int4Blocks'
     int8_activations = False  # as Int4Blocks'

@@ -75,7 +75,7 @@ def test_int16_activations_a_row_the_same_alone_and_in_a_batch() -> None:
     """Below the panel loop's row count (group_gemv_panel_rows) a row's bits are the same alone
     and in a batch; from it on, the same in every batch that takes the panel loop, and within the
     activations' rounding of the row alone."""
-    codes, scales, exact = weights(300, 128, 16, seed=3)
+    codes, scales, _ = weights(300, 128, 16, seed=3)
     x = torch.randn(40, 128)
     x[2] = 0
     panel = ops().group_gemv_panel_rows() or 1000
