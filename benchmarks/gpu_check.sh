@@ -15,16 +15,22 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/gpu.txt"
 
 # the files holding GPU tests only (the CPU suite's clients are not on that machine); no -x: every failure is news
-python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --timeout 300 $(grep -rl --include='test_*.py' 'pytest.mark.gpu' tests) \
-  2>&1 | tee "$OUT/test-gpu.log" | tail -25
-python3 -m benchmarks.gpu_attention --json "$OUT/gpu_attention.json" 2>&1 | tee "$OUT/gpu_attention.log" | tail -20
-python3 -m benchmarks.gpu_engine --eager --json "$OUT/gpu_engine.json" 2>&1 | tee "$OUT/gpu_engine.log" | tail -20
+# Each step has its own time limit (a lease is minutes long: one hang must not take the rest), and the
+# tests spread over the machine's cores with pytest-xdist where it is installed (Triton compiles on the CPU).
+workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+timeout ${TEST_S:-240} python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --timeout 120 $workers \
+  $(grep -rl --include='test_*.py' 'pytest.mark.gpu' tests) > "$OUT/test-gpu.log" 2>&1
+echo "test-gpu rc $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/test-gpu.log" | cut -c1-300 | tail -25
+timeout ${ATTENTION_S:-60} python3 -m benchmarks.gpu_attention --json "$OUT/gpu_attention.json" > "$OUT/gpu_attention.log" 2>&1
+echo "gpu_attention rc $?"; tail -20 "$OUT/gpu_attention.log" | cut -c1-200
+timeout ${ENGINE_S:-150} python3 -m benchmarks.gpu_engine --eager --json "$OUT/gpu_engine.json" > "$OUT/gpu_engine.log" 2>&1
+echo "gpu_engine rc $?"; tail -30 "$OUT/gpu_engine.log" | cut -c1-250
 
 port=30111
 python3 -m server --model benchmarks/configs/gemma3-270m --load-format dummy --device cuda --port $port \
   > "$OUT/serve.log" 2>&1 &
 pid=$!
-for _ in $(seq 120); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 1; done
+for _ in $(seq 90); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 1; done
 {
   curl -s "http://127.0.0.1:$port/get_server_info"; echo
   curl -s "http://127.0.0.1:$port/generate" -H 'content-type: application/json' \
