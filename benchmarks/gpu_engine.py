@@ -243,14 +243,15 @@ def main(argv: list[str] | None = None) -> dict:
         print("gpu_engine: no CUDA device here (use --device cpu for a smoke run)")
         return {}
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    report = {"device": device_name, "torch": torch.__version__, "args": vars(args),
-              "models": {name: bench_model(name, args) for name in args.models}}
-    table = markdown(report)
-    print(table)
-    report["markdown"] = table
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    report: dict = {"device": device_name, "torch": torch.__version__, "args": vars(args), "models": {}}
+    for name in args.models:
+        report["models"][name] = bench_model(name, args)
+        # The table and the report after every model: a GPU lease can end mid-run, and what ran is kept.
+        report["markdown"] = markdown(report)
+        print(report["markdown"], flush=True)
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(report, indent=2))
     return report
 
 
