@@ -23,7 +23,9 @@
 // once a tile. The activations are laid out once per call in the same order. The lows' part,
 // sum_g low_g * sum(x in g), is formed in float32 from the unrounded activations, as in int4_gemv.cpp.
 //
-// Rows are independent: a row's result never depends on which other rows share the call.
+// Rows are independent: a row's result never depends on which other rows share the call. On AVX2,
+// a call of q8_panel.h's rows_from() rows or more (8) takes the panel loop there, whose float sums
+// run in another order: a row's bits are the same in every call of one loop, not across the two.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -33,6 +35,8 @@
 #include "activations8.h"
 #include "group_scales.h"
 #include "int4_blocks.h"
+#include "activations16.h"  // CacheLineAllocator, for q8_panel.h
+#include "q8_panel.h"
 #include "row_count.h"
 #include "vector_sum.h"
 #include "weight_prefetch.h"
@@ -82,12 +86,12 @@ inline int64_t q8_at(int64_t groups, int64_t g, int c) {
 }
 
 template <typename T>
-void quantize_rows(const at::Tensor& x, Q8Activations& a) {
-  const int64_t rows = x.size(0), k = a.k;
+void quantize_rows(const at::Tensor& x, Q8Activations& a, int64_t begin, int64_t end) {
+  const int64_t k = a.k;
   const T* xs = x.data_ptr<T>();
   alignas(64) float v[kSuper];
   std::vector<int8_t> row(k);  // a row's int8 activations in order, then moved to the tiles' (q8_at)
-  for (int64_t m = 0; m < rows; ++m) {
+  for (int64_t m = begin; m < end; ++m) {
     for (int64_t s = 0; s < a.supers; ++s) {
       int8_t* q = row.data() + s * kSuper;
       radixserve::load_super(x, xs, m, s, v);
@@ -423,8 +427,21 @@ at::Tensor int4_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tens
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 15) / k);  // quads; small layers stay on one thread
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int4_gemv_q8", [&] {
-    quantize_rows<scalar_t>(x, a);
+    // on one thread for a few rows (a decode step), spread over the threads for a prompt's
+    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) { quantize_rows<scalar_t>(x, a, begin, end); });
     scalar_t* op = out.data_ptr<scalar_t>();
+#if RADIXSERVE_INT4_Q8 == 256
+    if (rows >= radixserve::q8panel::rows_from()) {
+      namespace panel = radixserve::q8panel;
+      std::vector<int64_t> quads(a.groups * panel::kQuads);
+      for (int64_t g = 0; g < a.groups; ++g)
+        for (int64_t q = 0; q < panel::kQuads; ++q) quads[g * panel::kQuads + q] = panel::quad_at(a.groups, g, q);
+      at::parallel_for(0, (n + panel::kCols - 1) / panel::kCols, 1, [&](int64_t begin, int64_t end) {
+        panel::products(wp, sg, lg, n, k, begin, end, a.q.data(), a.scale.data(), a.sums.data(), quads.data(), rows, op);
+      });
+      return;
+    }
+#endif
     at::parallel_for(0, n / kQuad, grain, [&](int64_t begin, int64_t end) {
 #if RADIXSERVE_INT4_Q8 == 512
       radixserve::with_row_count(rows, [&](auto count) {
@@ -442,10 +459,21 @@ at::Tensor int4_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tens
 
 bool int4_gemv_q8_fast() { return RADIXSERVE_INT4_Q8 != 0; }
 
+// The fewest rows a call takes the panel loop for (q8_panel.h), 0 where it is not built (AVX-512's
+// loop takes 8 rows a call).
+int64_t int4_gemv_q8_panel_rows() {
+#if RADIXSERVE_INT4_Q8 == 256
+  return radixserve::q8panel::rows_from();
+#else
+  return 0;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.def("int4_gemv_q8(Tensor x, Tensor w, Tensor scales, Tensor scale_steps, Tensor lows, Tensor? low_steps=None) -> Tensor",
         int4_gemv_q8);
   m.def("int4_gemv_q8_fast() -> bool", int4_gemv_q8_fast);
+  m.def("int4_gemv_q8_panel_rows() -> int", int4_gemv_q8_panel_rows);
 }

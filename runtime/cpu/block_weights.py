@@ -15,7 +15,8 @@ The kinds:
   are bf16 and the CPU has bf16 dot products (kernels/csrc/q6_gemv.cpp);
 - Int4Blocks: Q4_K, Q4_0 and Q4_1 as 4-bit codes + scales and lows in the layout of
   kernels/csrc/int4_gemv.cpp (AVX-512): half a byte a weight and a sixteenth more (with
-  `--int8-activations`, Q4_K's summed in integers over int8 activations: int4_q8_gemv.cpp);
+  `--int8-activations`, Q4_K's summed in integers over int8 activations: int4_q8_gemv.cpp, and
+  on AVX2 past a few rows its panel loop, q8_panel.h, which takes a prompt's products whole);
 - TorchInt4Blocks: the same codes in torch's int4 layout (`_weight_int4pack_mm_for_cpu`) where
   the CPU lacks AVX-512; it serves wide products too, and cannot give rows back;
 - DenseBlocks: a tensor the file ships unquantized or in a format with no kernel here (F16,
@@ -52,12 +53,23 @@ INT16_ROWS = 32
 # 64-512 rows, 2-core Zen 3, 70-87 GMAC/s against 55-71 for the packed float32 copy and 35-71 for
 # dequantized slices (its 640x2048 ones about even).
 PANEL_ROWS = 256
+# Q4_K codes with int8 activations (`--int8-activations`) past a few rows take their own panel loop
+# on AVX2 (kernels/csrc/q8_panel.h), ahead of every wide path at any row count: 1536x8960 and
+# 8960x1536 layers at 16-512 rows, 2-core Zen 3, 70-127 GMAC/s against 45-65 for dequantized
+# slices through torch's float32 GEMM. So a prompt's products take it whole.
+Q8_PANEL_ROWS = 1 << 30
 
 
 @functools.cache
 def has_panel_loop() -> bool:
     built = ops()
     return built is not None and bool(built.group_gemv_panel_rows())  # type: ignore[attr-defined]
+
+
+@functools.cache
+def has_q8_panel_loop() -> bool:
+    built = ops()
+    return built is not None and bool(built.int4_gemv_q8_panel_rows())  # type: ignore[attr-defined]
 
 
 class BlockWeight(Protocol):
@@ -123,14 +135,20 @@ def _quad_rows(packed: torch.Tensor, ids: torch.Tensor, k: int,
 class KernelRows:
     """How many activation rows the group and int4 kernels take, for block_linear.block_product:
     with the activations rounded to int16 (rounds_to_int16), INT16_ROWS a call, or PANEL_ROWS for
-    int8 codes with the panel loop, ahead of any wide path; with exact ones FEW_ROWS a call."""
+    int8 codes with the panel loop, ahead of any wide path; Q4_K codes with int8 activations and
+    their panel loop, any number (Q8_PANEL_ROWS); with exact ones FEW_ROWS a call."""
 
     panel_kernel = False  # whether the kind's int16 kernel has the panel loop (group_gemv's: Int8Blocks)
+    q8_panel_kernel = False  # whether its int8-activation kernel has one (int4_q8_gemv's: Int4Blocks)
 
     @property
     def integer_rows(self) -> int:
-        """Rows up to which the int16 loops serve a product ahead of any wide path (0: not
-        rounding): for int8 codes PANEL_ROWS where the panel loop is built, else INT16_ROWS."""
+        """Rows up to which the integer loops serve a product ahead of any wide path (0: none):
+        any number for Q4_K codes with int8 activations where their panel loop is built
+        (Q8_PANEL_ROWS); with the activations rounded to int16, PANEL_ROWS for int8 codes where the
+        panel loop is built, else INT16_ROWS."""
+        if self.q8_panel_kernel and self.int8_activations and has_q8_panel_loop():  # type: ignore[attr-defined]
+            return Q8_PANEL_ROWS
         if not rounds_to_int16(self):  # type: ignore[arg-type]
             return 0
         panel = self.panel_kernel and has_panel_loop() and not self.int8_activations  # type: ignore[attr-defined]
@@ -240,6 +258,7 @@ class Int4Blocks(KernelRows):
     of 128 codes as 32 16-bit words in tiles of 16 groups, rows in quads."""
 
     wide_itself = False
+    q8_panel_kernel = True
     kept_tensors, kept_attrs = ("packed", "scales", "scale_steps", "lows", "low_steps"), ("shape",)
     row_multiple = 4  # dequantize() takes whole quads
     kernel_rows = 2 * FEW_ROWS  # the float loop's two passes beat dequantized slices up to here (block_linear.py)

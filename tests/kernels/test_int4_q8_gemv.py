@@ -25,8 +25,10 @@ from tests.kernels.int8_activations import rounded_to_int8
 
 pytestmark = pytest.mark.skipif(ops() is None or not ops().int4_gemv_q8_fast(),
                                 reason="no CPU kernels, or neither AVX2 nor AVX-512 VNNI on this CPU")
-# AVX2 without AVX-512: the kernel takes any number of rows a call (AVX-512's, 8)
+# AVX2 without AVX-512: the kernel takes any number of rows a call (AVX-512's, 8), from PANEL_ROWS
+# rows on in its panel loop (kernels/csrc/q8_panel.h), whose float sums run in another order
 ANY_ROWS = ops() is not None and ops().int4_gemv_int16_default()
+PANEL_ROWS = ops().int4_gemv_q8_panel_rows() if ops() is not None else 0
 
 
 def q4k(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -56,9 +58,13 @@ def reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, lows: torc
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 17])
 def test_the_integer_sums_of_the_rounded_activations(dtype: torch.dtype, rows: int) -> None:
-    n, k = 72, 768  # 18 quads of rows, 3 super-blocks, 24 groups: a masked tail in the lows' sums
+    if rows > 8 and not ANY_ROWS:
+        pytest.skip("AVX-512's loop takes 8 rows a call")
+    # 18 quads of rows (the panel loop's last panel half full), 3 super-blocks, 24 groups (a tile
+    # of 16 and two small ones): a masked tail in the lows' sums
+    n, k = 72, 768
     q, scales, lows = q4k(n, k, seed=rows)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(7)).to(dtype)
     x[0, 256:512] = 0  # a super-block of zeros: its scale is 0, nothing divides by it
@@ -75,15 +81,26 @@ def test_the_integer_sums_of_the_rounded_activations(dtype: torch.dtype, rows: i
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_a_row_gives_the_same_bits_alone_and_in_a_batch(dtype: torch.dtype) -> None:
-    rows = 33 if ANY_ROWS else 8  # AVX2: passes of 4 rows over blocks of weights, and 1
+    """Within one loop: the few-row loop's calls (1 row, or fewer than PANEL_ROWS), and the panel
+    loop's (PANEL_ROWS or more), each whatever rows share the call."""
     q, scales, lows = q4k(64, 1280, seed=3)  # 40 groups: 2 full tiles and 2 small ones
-    x = torch.randn(rows, 1280).to(dtype)
-    together = call(x, q, scales, lows)
-    assert torch.allclose(together.double(), reference(x, q, scales, lows), rtol=8e-3, atol=8e-3 * together.abs().max().item())
-    for i in range(rows):
+    x = torch.randn(33, 1280).to(dtype)
+    few = min(PANEL_ROWS - 1, 32) if PANEL_ROWS else 8  # AVX2: passes of 4 rows over blocks of weights, and 1
+    together = call(x[:few], q, scales, lows)
+    assert torch.allclose(together.double(), reference(x[:few], q, scales, lows), rtol=8e-3,
+                          atol=8e-3 * together.abs().max().item())
+    for i in range(few):
         assert torch.equal(call(x[i:i + 1], q, scales, lows)[0], together[i])
-    if ANY_ROWS:
-        assert torch.equal(call(x[5:12], q, scales, lows), together[5:12])
+    if few > 4:
+        assert torch.equal(call(x[2:few], q, scales, lows), together[2:])
+    if PANEL_ROWS:
+        panel = call(x, q, scales, lows)
+        assert torch.allclose(panel.double(), reference(x, q, scales, lows), rtol=8e-3, atol=8e-3 * panel.abs().max().item())
+        assert torch.equal(call(x[5:5 + PANEL_ROWS + 3], q, scales, lows), panel[5:5 + PANEL_ROWS + 3])
+        assert torch.equal(call(x[-PANEL_ROWS:], q, scales, lows), panel[-PANEL_ROWS:])
+        # the two loops differ only in their float sums' order
+        assert torch.allclose(panel[:few], together, rtol=1e-5 if dtype == torch.float32 else 8e-3,
+                              atol=1e-5 * panel.abs().max().item())
 
 
 def test_strided_rows() -> None:
@@ -105,6 +122,29 @@ def test_int8_activations_are_opt_in_per_model(dtype: torch.dtype) -> None:
     assert torch.equal(model[0](x), default)  # off by default: exact, or int16 on AVX2
     assert round_activations_to_int8(model) == 1 and q4_k.int8_activations and not q4_0.int8_activations
     assert torch.equal(model[0](x), call(x, q, scales, lows))
+
+
+@pytest.mark.skipif(not PANEL_ROWS, reason="no panel loop for int8 activations on this CPU (AVX-512's takes 8 rows a call)")
+def test_a_prompt_takes_the_panel_loop_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With int8 activations and the panel loop (AVX2), a product of any width is the kernel's: a
+    prompt's rows never go to dequantized slices or a wide copy."""
+    from runtime.cpu import block_linear
+    from runtime.cpu.block_weights import Q8_PANEL_ROWS
+
+    q, scales, lows = q4k(48, 512, seed=9)
+    weight = Int4Blocks(Int4Groups(q.to(torch.uint8), scales, lows))
+    weight.int8_activations = True
+    assert weight.rows_a_call == weight.integer_rows == Q8_PANEL_ROWS
+    weight.wide_copy = lambda rows: pytest.fail("a prompt went to the wide copy")
+    monkeypatch.setattr(block_linear, "wide_product", lambda *args: pytest.fail("a prompt went to dequantized slices"))
+    x = torch.randn(300, 512, generator=torch.Generator().manual_seed(2))
+    out = block_linear.block_product(weight, x)
+    # the few-row loop's rows, but for the order of the float sums
+    few = torch.cat([call(part, q, scales, lows) for part in x.split(PANEL_ROWS - 1)])
+    assert torch.allclose(out, few, rtol=1e-5, atol=1e-5 * out.abs().max().item())
+    assert torch.allclose(out.double(), reference(x, q, scales, lows), rtol=8e-3, atol=8e-3 * out.abs().max().item())
+    weight.int8_activations = False
+    assert weight.integer_rows != Q8_PANEL_ROWS
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -1,0 +1,212 @@
+// The panel loop of int4_q8_gemv.cpp on AVX2 (`--int8-activations`, Q4_K codes): many activation
+// rows rounded to int8 against 16 weight rows at a time, for the products of a prompt and of wide
+// decode steps.
+//
+// Why: the few-row loop reads one weight row along K, so each (weight row, activation row) pair
+// keeps its own integer and float sums, and past a few rows that bookkeeping and its spills bound
+// it: about 50 GMAC/s on a 2-core Zen 3 at 64-512 rows, no faster than dequantized slices through
+// torch's float32 GEMM, where u8 x s8 products could do several times that. Here a panel holds 16
+// weight rows' codes side by side: one 32-byte vector is 8 weight rows' 4 codes at one "k-quad"
+// (4 positions of a group), so one broadcast of an activation row's 4 bytes and one u8 x s8
+// multiply-add give 8 weight rows' sums at once. A group's 8 quads sum in 16 bits (at most
+// 8 x 2 x 15 x 127 = 30480), a 16-bit multiply-add by the weight rows' scale codes turns them into
+// 32 bits, a super-block's 8 groups sum there, and floats come once a super-block (its steps
+// times the activations' scale). The lows' part, sum_g low_g * sum(x in g), is added in floats
+// from the unrounded activations' group sums, as in the few-row loop.
+//
+// The quads are the few-row loop's own (int4_blocks.h): a tile register's masked bytes hold, in
+// each 32-bit lane, 4 codes of one group (8v, 8v + 4, 8v + 1, 8v + 5), its shifted ones 4 more
+// (8v + 2, 8v + 6, 8v + 3, 8v + 7); int4_q8_gemv.cpp's Q8Activations lays the activations out in
+// that order, so the panel reads them as they are. The panel is laid out once a call per 16 weight
+// rows (a byte a code: 24 KB at K = 1536, 140 KB at 8960) and reread by every 2 activation rows
+// from the first- or second-level cache. Measured (2-core Zen 3, 2 threads, 1536x8960 and
+// 8960x1536): 70 GMAC/s at 16 rows, 110-160 at 64-512, against 40-50 and 50-57 for the few-row
+// loop and 45-75 for dequantized slices through torch's float32 GEMM. 3 or 4 activation rows a
+// pass ran no faster than 2.
+//
+// A row's result is the same in every call that takes this loop (rows are independent and their
+// sums run in one order), not bit for bit the few-row loop's (its float sums run in another).
+#pragma once
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "group_scales.h"
+#include "int4_blocks.h"
+#include "row_count.h"
+
+namespace radixserve::q8panel {
+
+using namespace radixserve::int4;
+constexpr int64_t kCols = 16;   // weight rows a panel holds
+constexpr int kRows = 2;        // activation rows a pass: 4 sums in 16 bits, 4 in 32, 2 codes, 1 broadcast
+constexpr int64_t kQuads = 8;   // k-quads a group: 4 registers x (masked, shifted)
+constexpr int64_t kSpan = 8;    // groups a super-block (a scale step, an activation scale)
+
+// Where quad q (2v + masked/shifted) of group g lies in a row of int4_q8_gemv.cpp's Q8Activations.
+inline int64_t quad_at(int64_t groups, int64_t g, int64_t q) {
+  const Tile tile = tile_holding(groups, g);
+  return tile.group0 * kGroup + (q / 2) * 8 * tile.groups + (q % 2) * 4 * tile.groups + 4 * (g - tile.group0);
+}
+
+// Weight rows j0.. (count of them, the rest zeros) of int4_blocks.h's layout -> a panel:
+// panel[(g * 8 + q) * 16 + c] weight row c's quad q of group g (4 codes, a byte each).
+inline void lay_out_panel(const uint8_t* w, int64_t k, int64_t j0, int64_t count, uint32_t* panel) {
+  const int64_t groups = k / kGroup;
+  if (count < kCols) std::memset(panel, 0, groups * kQuads * kCols * sizeof(uint32_t));
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  alignas(32) uint32_t lanes[2][8];
+  for (int64_t c = 0; c < count; ++c)
+    for (int64_t ti = 0, tiles = tile_count(groups); ti < tiles; ++ti) {
+      const Tile tile = tile_of(groups, ti);
+      const bool full = tile.groups == kTileGroups;
+      for (int v = 0; v < 4; ++v)
+        for (int h = 0; h < (full ? 2 : 1); ++h) {
+          // a full tile's register half h: groups 8h..8h + 7, one a 32-bit lane; a small tile's
+          // register: its 4 groups
+          const __m256i words =
+              full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block_at(w, k, j0 + c, tile.group0 / 4 + v) + 32 * h))
+                   : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(register_at(w, k, j0 + c, tile, v))));
+          _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[0]), _mm256_and_si256(words, low4));
+          _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[1]), _mm256_and_si256(_mm256_srli_epi16(words, 4), low4));
+          for (int64_t i = 0; i < (full ? 8 : 4); ++i) {
+            const int64_t g = tile.group0 + 8 * h + i;
+            panel[(g * kQuads + 2 * v) * kCols + c] = lanes[0][i];
+            panel[(g * kQuads + 2 * v + 1) * kCols + c] = lanes[1][i];
+          }
+        }
+    }
+}
+
+// The constants of one panel: scale codes [groups][16] in both 16-bit halves of a 32-bit lane,
+// steps [supers][16], lows [groups][16] (zeros past count).
+struct PanelScales {
+  std::vector<int32_t> codes;
+  std::vector<float> steps, lows, expanded;
+
+  PanelScales(int64_t groups) : codes(groups * kCols), steps(groups / kSpan * kCols), lows(groups * kCols),
+                                expanded(groups * kCols) {}
+
+  void load(const GroupScales& scales, const GroupScales& low, int64_t j0, int64_t count, int64_t groups) {
+    const int64_t supers = groups / kSpan;
+    const int8_t* c = static_cast<const int8_t*>(scales.values) + j0 * groups;
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t r = 0; r < kCols; ++r) {
+        const int32_t code = r < count ? c[r * groups + g] : 0;
+        codes[g * kCols + r] = (code & 0xFFFF) | (code << 16);
+      }
+    for (int64_t s = 0; s < supers; ++s)
+      for (int64_t r = 0; r < kCols; ++r) steps[s * kCols + r] = r < count ? scales.steps[(j0 + r) * supers + s] : 0.f;
+    low.expand(j0, count, expanded.data());
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t r = 0; r < kCols; ++r) lows[g * kCols + r] = r < count ? expanded[r * groups + g] : 0.f;
+  }
+};
+
+// M activation rows (xq [M, k] int8 rows k apart in Q8Activations' order, xscale [M, supers],
+// xsum [M, groups]) against one panel; quads[g * 8 + q] = quad_at(groups, g, q). Writes
+// out[m * n + c] for c < count.
+template <int M, typename O>
+void pass(const uint32_t* panel, const PanelScales& ps, const int64_t* quads, int64_t k, const int8_t* xq,
+          const float* xscale, const float* xsum, O* out, int64_t n, int64_t count) {
+  const int64_t groups = k / kGroup, supers = groups / kSpan;
+  __m256 facc[M][2];
+#pragma GCC unroll 4
+  for (int m = 0; m < M; ++m) facc[m][0] = facc[m][1] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < supers; ++s) {
+    __m256i wide[M][2];
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) wide[m][0] = wide[m][1] = _mm256_setzero_si256();
+    for (int64_t g = s * kSpan; g < (s + 1) * kSpan; ++g) {
+      __m256i narrow[M][2];
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) narrow[m][0] = narrow[m][1] = _mm256_setzero_si256();
+      const uint32_t* pg = panel + g * kQuads * kCols;
+      const int64_t* qg = quads + g * kQuads;
+#pragma GCC unroll 8
+      for (int q = 0; q < kQuads; ++q) {
+        const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + q * kCols));
+        const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + q * kCols + 8));
+#pragma GCC unroll 4
+        for (int m = 0; m < M; ++m) {
+          int32_t four;
+          std::memcpy(&four, xq + m * k + qg[q], sizeof(four));
+          const __m256i xv = _mm256_set1_epi32(four);
+          narrow[m][0] = _mm256_add_epi16(narrow[m][0], _mm256_maddubs_epi16(w0, xv));
+          narrow[m][1] = _mm256_add_epi16(narrow[m][1], _mm256_maddubs_epi16(w1, xv));
+          // one running sum each: GCC otherwise regroups the unrolled adds into a tree whose
+          // products spill to the stack (half the loop's time)
+          asm("" : "+x"(narrow[m][0]), "+x"(narrow[m][1]));
+        }
+      }
+      const __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ps.codes.data() + g * kCols));
+      const __m256i c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ps.codes.data() + g * kCols + 8));
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) {
+        wide[m][0] = _mm256_add_epi32(wide[m][0], _mm256_madd_epi16(narrow[m][0], c0));
+        wide[m][1] = _mm256_add_epi32(wide[m][1], _mm256_madd_epi16(narrow[m][1], c1));
+      }
+    }
+    const __m256 st0 = _mm256_loadu_ps(ps.steps.data() + s * kCols), st1 = _mm256_loadu_ps(ps.steps.data() + s * kCols + 8);
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) {
+      const __m256 xs = _mm256_set1_ps(xscale[m * supers + s]);
+      facc[m][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[m][0]), _mm256_mul_ps(st0, xs), facc[m][0]);
+      facc[m][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[m][1]), _mm256_mul_ps(st1, xs), facc[m][1]);
+    }
+  }
+  // the lows' part, from the unrounded activations' group sums
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m256 l0 = _mm256_loadu_ps(ps.lows.data() + g * kCols), l1 = _mm256_loadu_ps(ps.lows.data() + g * kCols + 8);
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) {
+      const __m256 xs = _mm256_set1_ps(xsum[m * groups + g]);
+      facc[m][0] = _mm256_fmadd_ps(l0, xs, facc[m][0]);
+      facc[m][1] = _mm256_fmadd_ps(l1, xs, facc[m][1]);
+    }
+  }
+  alignas(32) float row[kCols];
+  for (int m = 0; m < M; ++m) {
+    _mm256_store_ps(row, facc[m][0]);
+    _mm256_store_ps(row + 8, facc[m][1]);
+    for (int64_t c = 0; c < count; ++c) out[m * n + c] = static_cast<O>(row[c]);
+  }
+}
+
+// Weight rows [16 * begin, 16 * end) against all `rows` activation rows, a panel at a time.
+template <typename O>
+void products(const uint8_t* w, const GroupScales& scales, const GroupScales& lows, int64_t n, int64_t k,
+              int64_t begin, int64_t end, const int8_t* xq, const float* xscale, const float* xsum,
+              const int64_t* quads, int64_t rows, O* out) {
+  const int64_t groups = k / kGroup, supers = groups / kSpan;
+  std::vector<uint32_t, CacheLineAllocator<uint32_t>> panel(groups * kQuads * kCols);
+  PanelScales ps(groups);
+  for (int64_t b = begin; b < end; ++b) {
+    const int64_t j0 = b * kCols, count = std::min(kCols, n - j0);
+    lay_out_panel(w, k, j0, count, panel.data());
+    ps.load(scales, lows, j0, count, groups);
+    for (int64_t m0 = 0; m0 < rows; m0 += kRows)
+      with_row_count<kRows>(std::min<int64_t>(kRows, rows - m0), [&](auto m) {
+        pass<decltype(m)::value>(panel.data(), ps, quads, k, xq + m0 * k, xscale + m0 * supers, xsum + m0 * groups,
+                                 out + m0 * n + j0, n, count);
+      });
+  }
+}
+
+// The fewest rows a call takes this loop for (RADIXSERVE_Q8_PANEL_ROWS moves it, for measuring).
+inline int64_t rows_from() {
+  static const int64_t from = [] {
+    const char* v = std::getenv("RADIXSERVE_Q8_PANEL_ROWS");
+    return v ? std::atoll(v) : int64_t{8};
+  }();
+  return from;
+}
+
+}  // namespace radixserve::q8panel
+#endif
