@@ -16,7 +16,9 @@
 // Bounds: a pair is at most 2 x 63 x 127 = 16002 (no 16-bit saturation); a 32-bit lane sums 16
 // pairs times scale codes of at most 128: under 2^31.
 //
-// Rows are independent: a row's result never depends on which other rows share the call.
+// Rows are independent: a row's result never depends on which other rows share the call. On AVX2,
+// a call of q8_panel.h's rows_from() rows or more (8) takes the panel loop there (q8panel::codes),
+// whose float sums run in another order: a row's bits are the same in every call of one loop.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -25,6 +27,7 @@
 #include "activations16.h"
 #include "activations8.h"
 #include "group_scales.h"
+#include "q8_panel.h"
 #include "row_count.h"
 #include "vector_sum.h"
 #include "weight_prefetch.h"
@@ -58,11 +61,11 @@ struct Q8Rows {
 };
 
 template <typename T>
-void quantize_rows(const at::Tensor& x, Q8Rows& a) {
-  const int64_t rows = x.size(0), k = a.k;
+void quantize_rows(const at::Tensor& x, Q8Rows& a, int64_t begin, int64_t end) {
+  const int64_t k = a.k;
   const T* xs = x.data_ptr<T>();
   alignas(64) float v[kSuperBlock];
-  for (int64_t m = 0; m < rows; ++m)
+  for (int64_t m = begin; m < end; ++m)
     for (int64_t s = 0; s < a.supers; ++s) {
       int8_t* q = a.q.data() + m * k + s * kSuperBlock;
       radixserve::load_super(x, xs, m, s, v);
@@ -167,8 +170,22 @@ at::Tensor group_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Ten
   const int8_t* cp = static_cast<const int8_t*>(sg.values);
   const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / k);  // small layers stay on one thread
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "group_gemv_q8", [&] {
-    quantize_rows<scalar_t>(x, a);
+    // on one thread for a few rows (a decode step), spread over the threads for a prompt's
+    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) { quantize_rows<scalar_t>(x, a, begin, end); });
     scalar_t* op = out.data_ptr<scalar_t>();
+#if RADIXSERVE_GROUP_Q8 && !defined(__AVX512F__)
+    if (rows >= radixserve::q8panel::rows_from()) {  // q8_panel.h's panel loop (AVX2)
+      namespace panel = radixserve::q8panel;
+      std::vector<int32_t> offsets(rows * (k / kGroup));
+      at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+        for (int64_t m = begin; m < end; ++m) panel::codes::offsets(a.q.data() + m * k, k, offsets.data() + m * (k / kGroup));
+      });
+      at::parallel_for(0, (n + panel::kCols - 1) / panel::kCols, 1, [&](int64_t begin, int64_t end) {
+        panel::codes::products(wp, cp, sg.steps, n, k, begin, end, a.q.data(), a.scale.data(), offsets.data(), rows, op);
+      });
+      return;
+    }
+#endif
     at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
       dot_rows(wp, cp, sg.steps, n, begin, end, a, rows, op);
     });

@@ -1,6 +1,7 @@
-// The panel loop of int4_q8_gemv.cpp on AVX2 (`--int8-activations`, Q4_K codes): many activation
-// rows rounded to int8 against 16 weight rows at a time, for the products of a prompt and of wide
-// decode steps.
+// The panel loops of the int8-activation kernels on AVX2 (`--int8-activations`): int4_q8_gemv.cpp's
+// Q4_K codes (below) and group_q8_gemv.cpp's Q6_K codes (namespace codes, at the end): many
+// activation rows rounded to int8 against 16 weight rows at a time, for the products of a prompt
+// and of wide decode steps.
 //
 // Why: the few-row loop reads one weight row along K, so each (weight row, activation row) pair
 // keeps its own integer and float sums, and past a few rows that bookkeeping and its spills bound
@@ -198,6 +199,166 @@ void products(const uint8_t* w, const GroupScales& scales, const GroupScales& lo
       });
   }
 }
+
+// --- Q6_K's int8 codes (group_q8_gemv.cpp): the same panel over plain [N, K] codes in [-32, 31] ---
+//
+// Groups of 16 (4 quads), 16 groups a super-block. The codes are offset to unsigned (+32) in the
+// panel; a group's 4 quads sum in 16 bits with wrapping adds, and the offset is taken back there
+// by one subtraction of the activation row's own 32 x (sum of its activations at the quads'
+// positions 0, 1 | 2, 3): the true sum, at most 4 x 2 x 32 x 127 = 32512, fits 16 bits, so the
+// wrapped arithmetic gives it exactly. Then as above: a 16-bit multiply-add by the scale codes
+// into 32 bits, floats once a super-block.
+namespace codes {
+
+constexpr int64_t kGroup = 16;
+constexpr int64_t kQuads = 4;   // quads a group
+constexpr int64_t kSpan = 16;   // groups a super-block
+
+// Rows j0.. (count, the rest left as zeros' offset) of int8 codes w [n, k] -> panel[kq * 16 + c]:
+// row c's codes 4kq..4kq + 3 plus 32, as 4 bytes. 8 rows x 8 quads at a time by an 8 x 8
+// transpose of 32-bit lanes.
+inline void lay_out_panel(const int8_t* w, int64_t k, int64_t j0, int64_t count, uint32_t* panel) {
+  const __m256i offset = _mm256_set1_epi8(32);
+  for (int64_t half = 0; half < 2; ++half)
+    for (int64_t i = 0; i < k; i += 32) {
+      __m256i r[8], t[8], u[8];
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        const int64_t row = 8 * half + c;
+        r[c] = row < count ? _mm256_add_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (j0 + row) * k + i)), offset)
+                           : _mm256_setzero_si256();
+      }
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; c += 2) {
+        t[c] = _mm256_unpacklo_epi32(r[c], r[c + 1]);
+        t[c + 1] = _mm256_unpackhi_epi32(r[c], r[c + 1]);
+      }
+#pragma GCC unroll 8
+      for (int q = 0; q < 8; q += 4) {
+        u[q] = _mm256_unpacklo_epi64(t[q], t[q + 2]);
+        u[q + 1] = _mm256_unpackhi_epi64(t[q], t[q + 2]);
+        u[q + 2] = _mm256_unpacklo_epi64(t[q + 1], t[q + 3]);
+        u[q + 3] = _mm256_unpackhi_epi64(t[q + 1], t[q + 3]);
+      }
+      uint32_t* at = panel + (i / 4) * kCols + 8 * half;
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + q * kCols), _mm256_permute2x128_si256(u[q], u[q + 4], 0x20));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + (q + 4) * kCols), _mm256_permute2x128_si256(u[q], u[q + 4], 0x31));
+      }
+    }
+}
+
+// Each activation row's offsets to take back, a group at a time: -32 x the sums of its
+// activations at quad positions 0, 1 (low 16 bits) and 2, 3 (high), as one 32-bit word (each
+// half negated on its own: the word a group's 16-bit sums start from).
+inline void offsets(const int8_t* q, int64_t k, int32_t* out) {
+  for (int64_t g = 0; g < k / kGroup; ++g) {
+    int32_t even = 0, odd = 0;
+    for (int64_t i = 0; i < kGroup; i += 4) {
+      even += q[g * kGroup + i] + q[g * kGroup + i + 1];
+      odd += q[g * kGroup + i + 2] + q[g * kGroup + i + 3];
+    }
+    out[g] = static_cast<int32_t>((static_cast<uint32_t>(-32 * even) & 0xFFFFu) | (static_cast<uint32_t>(-32 * odd) << 16));
+  }
+}
+
+// One panel's constants: scale codes [groups][16] in both 16-bit halves, steps [supers][16].
+struct PanelScales {
+  std::vector<int32_t> codes;
+  std::vector<float> steps;
+
+  PanelScales(int64_t groups) : codes(groups * kCols), steps(groups / kSpan * kCols) {}
+
+  void load(const int8_t* c, const float* st, int64_t j0, int64_t count, int64_t groups) {
+    const int64_t supers = groups / kSpan;
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t r = 0; r < kCols; ++r) {
+        const int32_t code = r < count ? c[(j0 + r) * groups + g] : 0;
+        codes[g * kCols + r] = (code & 0xFFFF) | (code << 16);
+      }
+    for (int64_t s = 0; s < supers; ++s)
+      for (int64_t r = 0; r < kCols; ++r) steps[s * kCols + r] = r < count ? st[(j0 + r) * supers + s] : 0.f;
+  }
+};
+
+// M activation rows (xq [M, k] int8 rows k apart, xscale [M, supers], xoff [M, groups] from
+// offsets()) against one panel. Writes out[m * n + c] for c < count.
+template <int M, typename O>
+void pass(const uint32_t* panel, const PanelScales& ps, int64_t k, const int8_t* xq, const float* xscale,
+          const int32_t* xoff, O* out, int64_t n, int64_t count) {
+  const int64_t groups = k / kGroup, supers = groups / kSpan;
+  __m256 facc[M][2];
+#pragma GCC unroll 4
+  for (int m = 0; m < M; ++m) facc[m][0] = facc[m][1] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < supers; ++s) {
+    __m256i wide[M][2];
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) wide[m][0] = wide[m][1] = _mm256_setzero_si256();
+    for (int64_t g = s * kSpan; g < (s + 1) * kSpan; ++g) {
+      __m256i narrow[M][2];
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) narrow[m][0] = narrow[m][1] = _mm256_set1_epi32(xoff[m * groups + g]);
+      const uint32_t* pg = panel + g * kQuads * kCols;
+#pragma GCC unroll 4
+      for (int q = 0; q < kQuads; ++q) {
+        const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + q * kCols));
+        const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + q * kCols + 8));
+#pragma GCC unroll 4
+        for (int m = 0; m < M; ++m) {
+          int32_t four;
+          std::memcpy(&four, xq + m * k + g * kGroup + 4 * q, sizeof(four));
+          const __m256i xv = _mm256_set1_epi32(four);
+          narrow[m][0] = _mm256_add_epi16(narrow[m][0], _mm256_maddubs_epi16(w0, xv));
+          narrow[m][1] = _mm256_add_epi16(narrow[m][1], _mm256_maddubs_epi16(w1, xv));
+          asm("" : "+x"(narrow[m][0]), "+x"(narrow[m][1]));  // one running sum each (see pass above)
+        }
+      }
+      const __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ps.codes.data() + g * kCols));
+      const __m256i c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ps.codes.data() + g * kCols + 8));
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) {
+        wide[m][0] = _mm256_add_epi32(wide[m][0], _mm256_madd_epi16(narrow[m][0], c0));
+        wide[m][1] = _mm256_add_epi32(wide[m][1], _mm256_madd_epi16(narrow[m][1], c1));
+      }
+    }
+    const __m256 st0 = _mm256_loadu_ps(ps.steps.data() + s * kCols), st1 = _mm256_loadu_ps(ps.steps.data() + s * kCols + 8);
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) {
+      const __m256 xs = _mm256_set1_ps(xscale[m * supers + s]);
+      facc[m][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[m][0]), _mm256_mul_ps(st0, xs), facc[m][0]);
+      facc[m][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[m][1]), _mm256_mul_ps(st1, xs), facc[m][1]);
+    }
+  }
+  alignas(32) float row[kCols];
+  for (int m = 0; m < M; ++m) {
+    _mm256_store_ps(row, facc[m][0]);
+    _mm256_store_ps(row + 8, facc[m][1]);
+    for (int64_t c = 0; c < count; ++c) out[m * n + c] = static_cast<O>(row[c]);
+  }
+}
+
+// Weight rows [16 * begin, 16 * end) of codes w [n, k] (scale codes [n, groups], steps
+// [n, supers]) against all `rows` activation rows, a panel at a time.
+template <typename O>
+void products(const int8_t* w, const int8_t* scale_codes, const float* steps, int64_t n, int64_t k, int64_t begin,
+              int64_t end, const int8_t* xq, const float* xscale, const int32_t* xoff, int64_t rows, O* out) {
+  const int64_t groups = k / kGroup, supers = groups / kSpan;
+  std::vector<uint32_t, CacheLineAllocator<uint32_t>> panel(k / 4 * kCols);
+  PanelScales ps(groups);
+  for (int64_t b = begin; b < end; ++b) {
+    const int64_t j0 = b * kCols, count = std::min(kCols, n - j0);
+    lay_out_panel(w, k, j0, count, panel.data());
+    ps.load(scale_codes, steps, j0, count, groups);
+    for (int64_t m0 = 0; m0 < rows; m0 += kRows)
+      with_row_count<kRows>(std::min<int64_t>(kRows, rows - m0), [&](auto m) {
+        pass<decltype(m)::value>(panel.data(), ps, k, xq + m0 * k, xscale + m0 * supers, xoff + m0 * groups,
+                                 out + m0 * n + j0, n, count);
+      });
+  }
+}
+
+}  // namespace codes
 
 // The fewest rows a call takes this loop for (RADIXSERVE_Q8_PANEL_ROWS moves it, for measuring).
 inline int64_t rows_from() {

@@ -10,7 +10,8 @@ kernel reads, and answers three questions with no other copy of it:
 The kinds:
 - Int8Blocks: Q8_0, Q5_0 and Q6_K as int8 codes + per-group scales (runtime/loading/
   gguf_int8_groups.py), read by kernels/csrc/group_gemv.cpp: a byte a weight (with
-  `--int8-activations`, Q6_K's summed in integers over int8 activations: group_q8_gemv.cpp);
+  `--int8-activations`, Q6_K's summed in integers over int8 activations: group_q8_gemv.cpp, on
+  AVX2 past a few rows through q8_panel.h's panel loop);
 - Q6Blocks: those whose codes fit 6 bits (Q6_K, Q5_0) at 6 bits a weight, where the activations
   are bf16 and the CPU has bf16 dot products (kernels/csrc/q6_gemv.cpp);
 - Int4Blocks: Q4_K, Q4_0 and Q4_1 as 4-bit codes + scales and lows in the layout of
@@ -53,10 +54,11 @@ INT16_ROWS = 32
 # 64-512 rows, 2-core Zen 3, 70-87 GMAC/s against 55-71 for the packed float32 copy and 35-71 for
 # dequantized slices (its 640x2048 ones about even).
 PANEL_ROWS = 256
-# Q4_K codes with int8 activations (`--int8-activations`) past a few rows take their own panel loop
-# on AVX2 (kernels/csrc/q8_panel.h), ahead of every wide path at any row count: 1536x8960 and
-# 8960x1536 layers at 16-512 rows, 2-core Zen 3, 70-127 GMAC/s against 45-65 for dequantized
-# slices through torch's float32 GEMM. So a prompt's products take it whole.
+# Q4_K and Q6_K codes with int8 activations (`--int8-activations`) past a few rows take their own
+# panel loops on AVX2 (kernels/csrc/q8_panel.h), ahead of every wide path at any row count:
+# 1536x8960 and 8960x1536 layers at 16-512 rows, 2-core Zen 3, 70-160 GMAC/s against 40-75 for
+# dequantized slices through torch's float32 GEMM or the int16 panel. So a prompt's products take
+# them whole.
 Q8_PANEL_ROWS = 1 << 30
 
 
@@ -139,7 +141,7 @@ class KernelRows:
     their panel loop, any number (Q8_PANEL_ROWS); with exact ones FEW_ROWS a call."""
 
     panel_kernel = False  # whether the kind's int16 kernel has the panel loop (group_gemv's: Int8Blocks)
-    q8_panel_kernel = False  # whether its int8-activation kernel has one (int4_q8_gemv's: Int4Blocks)
+    q8_panel_kernel = False  # whether its int8-activation kernel has one (int4_q8_gemv's, group_q8_gemv's)
 
     @property
     def integer_rows(self) -> int:
@@ -164,6 +166,7 @@ class Int8Blocks(KernelRows):
 
     wide_itself = False
     panel_kernel = True
+    q8_panel_kernel = True  # Q6_K's codes with int8 activations (group_q8_gemv.cpp; q8_panel.h's codes::)
     kept_tensors, kept_attrs = ("codes", "scales", "steps"), ("shape", "group")
     int16_activations: bool | None = None  # as Int4Blocks'
     int8_activations = False  # as Int4Blocks'

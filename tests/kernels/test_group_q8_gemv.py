@@ -23,6 +23,8 @@ from tests.kernels.int8_activations import rounded_to_int8
 
 pytestmark = pytest.mark.skipif(ops() is None or not ops().group_gemv_q8_fast(),
                                 reason="no CPU kernels, or no AVX2 on this CPU")
+# calls of this many rows or more take the panel loop (kernels/csrc/q8_panel.h; AVX2 without AVX-512)
+PANEL_ROWS = ops().int4_gemv_q8_panel_rows() if ops() is not None else 0
 
 
 def q6k(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,9 +49,9 @@ def reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> tor
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 17])
 def test_the_integer_sums_of_the_rounded_activations(dtype: torch.dtype, rows: int) -> None:
-    n, k = 40, 768  # 3 super-blocks
+    n, k = 40, 768  # 3 super-blocks; past PANEL_ROWS rows, panels of 16, 16 and 8 weight rows
     codes, scales = q6k(n, k, seed=rows)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(7)).to(dtype)
     x[0, 256:512] = 0  # a super-block of zeros: its scale is 0, nothing divides by it
@@ -65,12 +67,24 @@ def test_the_integer_sums_of_the_rounded_activations(dtype: torch.dtype, rows: i
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_a_row_gives_the_same_bits_alone_and_in_a_batch(dtype: torch.dtype) -> None:
+    """Within one loop: the few-row loop's calls (fewer than PANEL_ROWS rows: passes of 4 rows,
+    then 1), and the panel loop's (PANEL_ROWS or more, on AVX2), whatever rows share the call."""
     codes, scales = q6k(64, 1280, seed=3)
-    x = torch.randn(33, 1280).to(dtype)  # passes of 4 rows, then 1
-    together = call(x, codes, scales)
-    for i in range(33):
+    x = torch.randn(33, 1280, generator=torch.Generator().manual_seed(4)).to(dtype)
+    few = min(PANEL_ROWS - 1, 32) if PANEL_ROWS else 32
+    together = call(x[:few], codes, scales)
+    for i in range(few):
         assert torch.equal(call(x[i:i + 1], codes, scales)[0], together[i])
-    assert torch.equal(call(x[5:12], codes, scales), together[5:12])
+    assert torch.equal(call(x[2:few], codes, scales), together[2:])
+    if PANEL_ROWS:
+        panel = call(x, codes, scales)
+        assert torch.equal(call(x[5:5 + PANEL_ROWS + 3], codes, scales), panel[5:5 + PANEL_ROWS + 3])
+        assert torch.equal(call(x[-PANEL_ROWS:], codes, scales), panel[-PANEL_ROWS:])
+        # the two loops differ only in their float sums' order
+        assert torch.allclose(panel[:few], together, rtol=1e-5 if dtype == torch.float32 else 8e-3,
+                              atol=1e-5 * panel.abs().max().item())
+        assert torch.allclose(panel.double(), reference(x, codes, scales), rtol=8e-3,
+                              atol=8e-3 * panel.abs().max().item())
     strided = torch.randn(2, 2560)[:, ::2].to(dtype)  # not contiguous: read with its strides
     assert torch.equal(call(strided, codes, scales), call(strided.contiguous(), codes, scales))
 
