@@ -35,7 +35,6 @@
 #include "activations8.h"
 #include "group_scales.h"
 #include "int4_blocks.h"
-#include "activations16.h"  // CacheLineAllocator, for q8_panel.h
 #include "q8_panel.h"
 #include "row_count.h"
 #include "vector_sum.h"

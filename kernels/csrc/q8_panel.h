@@ -38,6 +38,7 @@
 #include <cstring>
 #include <vector>
 
+#include "activations16.h"  // CacheLineAllocator
 #include "group_scales.h"
 #include "int4_blocks.h"
 #include "row_count.h"
