@@ -45,21 +45,123 @@
 
 namespace radixserve::q8panel {
 
-using namespace radixserve::int4;
-constexpr int64_t kCols = 16;   // weight rows a panel holds
-constexpr int kRows = 2;        // activation rows a pass: 4 sums in 16 bits, 4 in 32, 2 codes, 1 broadcast
+constexpr int64_t kCols = 16;  // weight rows a panel holds
+constexpr int kRows = 2;       // activation rows a pass: 4 sums in 16 bits, 4 in 32, 2 codes, 1 broadcast
+
+// --- what both kinds share ---
+
+// One panel's scale codes [groups][16], each in both 16-bit halves of a 32-bit lane (the 16-bit
+// multiply-add's other operand), and steps [supers][16]; zeros past count.
+struct PanelScales {
+  std::vector<int32_t> codes;
+  std::vector<float> steps;
+
+  PanelScales(int64_t groups, int64_t span) : codes(groups * kCols), steps(groups / span * kCols) {}
+
+  // scale codes c [n, groups], steps st [n, groups / span]; weight rows j0..
+  void load(const int8_t* c, const float* st, int64_t j0, int64_t count, int64_t groups, int64_t span) {
+    const int64_t supers = groups / span;
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t r = 0; r < kCols; ++r) {
+        const int32_t code = r < count ? c[(j0 + r) * groups + g] : 0;
+        codes[g * kCols + r] = (code & 0xFFFF) | (code << 16);
+      }
+    for (int64_t s = 0; s < supers; ++s)
+      for (int64_t r = 0; r < kCols; ++r) steps[s * kCols + r] = r < count ? st[(j0 + r) * supers + s] : 0.f;
+  }
+};
+
+// The integer core: M activation rows (xq, rows k apart; xscale [M, supers]) against a panel of
+// groups of Quads quads (panel[(g * Quads + q) * 16 + c]), Span groups a super-block; adds each
+// row's float sums into facc. offset(g, q): where quad q of group g lies in an activation row;
+// start(m, g): the 16-bit sums a group starts from.
+template <int M, int Quads, int Span, typename Offset, typename Start>
+inline void sum_panel(const uint32_t* panel, const PanelScales& ps, int64_t groups, int64_t k, const int8_t* xq,
+                      const float* xscale, Offset offset, Start start, __m256 (&facc)[M][2]) {
+  const int64_t supers = groups / Span;
+  for (int64_t s = 0; s < supers; ++s) {
+    __m256i wide[M][2];
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) wide[m][0] = wide[m][1] = _mm256_setzero_si256();
+    for (int64_t g = s * Span; g < (s + 1) * Span; ++g) {
+      __m256i narrow[M][2];
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) narrow[m][0] = narrow[m][1] = start(m, g);
+      const uint32_t* pg = panel + g * Quads * kCols;
+#pragma GCC unroll 8
+      for (int q = 0; q < Quads; ++q) {
+        const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + q * kCols));
+        const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + q * kCols + 8));
+        const int64_t at = offset(g, q);
+#pragma GCC unroll 4
+        for (int m = 0; m < M; ++m) {
+          int32_t four;
+          std::memcpy(&four, xq + m * k + at, sizeof(four));
+          const __m256i xv = _mm256_set1_epi32(four);
+          narrow[m][0] = _mm256_add_epi16(narrow[m][0], _mm256_maddubs_epi16(w0, xv));
+          narrow[m][1] = _mm256_add_epi16(narrow[m][1], _mm256_maddubs_epi16(w1, xv));
+          // one running sum each: GCC otherwise regroups the unrolled adds into a tree whose
+          // products spill to the stack (half the loop's time)
+          asm("" : "+x"(narrow[m][0]), "+x"(narrow[m][1]));
+        }
+      }
+      const __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ps.codes.data() + g * kCols));
+      const __m256i c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ps.codes.data() + g * kCols + 8));
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) {
+        wide[m][0] = _mm256_add_epi32(wide[m][0], _mm256_madd_epi16(narrow[m][0], c0));
+        wide[m][1] = _mm256_add_epi32(wide[m][1], _mm256_madd_epi16(narrow[m][1], c1));
+      }
+    }
+    const __m256 st0 = _mm256_loadu_ps(ps.steps.data() + s * kCols), st1 = _mm256_loadu_ps(ps.steps.data() + s * kCols + 8);
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) {
+      const __m256 xs = _mm256_set1_ps(xscale[m * supers + s]);
+      facc[m][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[m][0]), _mm256_mul_ps(st0, xs), facc[m][0]);
+      facc[m][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[m][1]), _mm256_mul_ps(st1, xs), facc[m][1]);
+    }
+  }
+}
+
+// out[m * n + c] = facc's row m, weight row c < count, rounded once to O.
+template <int M, typename O>
+inline void store_rows(const __m256 (&facc)[M][2], O* out, int64_t n, int64_t count) {
+  alignas(32) float row[kCols];
+  for (int m = 0; m < M; ++m) {
+    _mm256_store_ps(row, facc[m][0]);
+    _mm256_store_ps(row + 8, facc[m][1]);
+    for (int64_t c = 0; c < count; ++c) out[m * n + c] = static_cast<O>(row[c]);
+  }
+}
+
+// Panels [begin, end) of n weight rows against `rows` activation rows: prepare(j0, count) lays out
+// a panel, then pass(M, m0, j0, count) runs M = 1..kRows activation rows from m0 against it.
+template <typename Prepare, typename Pass>
+inline void over_panels(int64_t n, int64_t begin, int64_t end, int64_t rows, Prepare prepare, Pass pass) {
+  for (int64_t b = begin; b < end; ++b) {
+    const int64_t j0 = b * kCols, count = std::min(kCols, n - j0);
+    prepare(j0, count);
+    for (int64_t m0 = 0; m0 < rows; m0 += kRows)
+      with_row_count<kRows>(std::min<int64_t>(kRows, rows - m0), [&](auto m) { pass(m, m0, j0, count); });
+  }
+}
+
+// --- Q4_K's codes in int4_blocks.h's layout (int4_q8_gemv.cpp) ---
+
+using int4::kGroup;             // 32
 constexpr int64_t kQuads = 8;   // k-quads a group: 4 registers x (masked, shifted)
 constexpr int64_t kSpan = 8;    // groups a super-block (a scale step, an activation scale)
 
 // Where quad q (2v + masked/shifted) of group g lies in a row of int4_q8_gemv.cpp's Q8Activations.
 inline int64_t quad_at(int64_t groups, int64_t g, int64_t q) {
-  const Tile tile = tile_holding(groups, g);
+  const int4::Tile tile = int4::tile_holding(groups, g);
   return tile.group0 * kGroup + (q / 2) * 8 * tile.groups + (q % 2) * 4 * tile.groups + 4 * (g - tile.group0);
 }
 
 // Weight rows j0.. (count of them, the rest zeros) of int4_blocks.h's layout -> a panel:
 // panel[(g * 8 + q) * 16 + c] weight row c's quad q of group g (4 codes, a byte each).
 inline void lay_out_panel(const uint8_t* w, int64_t k, int64_t j0, int64_t count, uint32_t* panel) {
+  using namespace int4;
   const int64_t groups = k / kGroup;
   if (count < kCols) std::memset(panel, 0, groups * kQuads * kCols * sizeof(uint32_t));
   const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -86,138 +188,59 @@ inline void lay_out_panel(const uint8_t* w, int64_t k, int64_t j0, int64_t count
     }
 }
 
-// The constants of one panel: scale codes [groups][16] in both 16-bit halves of a 32-bit lane,
-// steps [supers][16], lows [groups][16] (zeros past count).
-struct PanelScales {
-  std::vector<int32_t> codes;
-  std::vector<float> steps, lows, expanded;
-
-  PanelScales(int64_t groups) : codes(groups * kCols), steps(groups / kSpan * kCols), lows(groups * kCols),
-                                expanded(groups * kCols) {}
-
-  void load(const GroupScales& scales, const GroupScales& low, int64_t j0, int64_t count, int64_t groups) {
-    const int64_t supers = groups / kSpan;
-    const int8_t* c = static_cast<const int8_t*>(scales.values) + j0 * groups;
-    for (int64_t g = 0; g < groups; ++g)
-      for (int64_t r = 0; r < kCols; ++r) {
-        const int32_t code = r < count ? c[r * groups + g] : 0;
-        codes[g * kCols + r] = (code & 0xFFFF) | (code << 16);
-      }
-    for (int64_t s = 0; s < supers; ++s)
-      for (int64_t r = 0; r < kCols; ++r) steps[s * kCols + r] = r < count ? scales.steps[(j0 + r) * supers + s] : 0.f;
-    low.expand(j0, count, expanded.data());
-    for (int64_t g = 0; g < groups; ++g)
-      for (int64_t r = 0; r < kCols; ++r) lows[g * kCols + r] = r < count ? expanded[r * groups + g] : 0.f;
-  }
-};
-
-// M activation rows (xq [M, k] int8 rows k apart in Q8Activations' order, xscale [M, supers],
-// xsum [M, groups]) against one panel; quads[g * 8 + q] = quad_at(groups, g, q). Writes
-// out[m * n + c] for c < count.
-template <int M, typename O>
-void pass(const uint32_t* panel, const PanelScales& ps, const int64_t* quads, int64_t k, const int8_t* xq,
-          const float* xscale, const float* xsum, O* out, int64_t n, int64_t count) {
-  const int64_t groups = k / kGroup, supers = groups / kSpan;
-  __m256 facc[M][2];
-#pragma GCC unroll 4
-  for (int m = 0; m < M; ++m) facc[m][0] = facc[m][1] = _mm256_setzero_ps();
-  for (int64_t s = 0; s < supers; ++s) {
-    __m256i wide[M][2];
-#pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) wide[m][0] = wide[m][1] = _mm256_setzero_si256();
-    for (int64_t g = s * kSpan; g < (s + 1) * kSpan; ++g) {
-      __m256i narrow[M][2];
-#pragma GCC unroll 4
-      for (int m = 0; m < M; ++m) narrow[m][0] = narrow[m][1] = _mm256_setzero_si256();
-      const uint32_t* pg = panel + g * kQuads * kCols;
-      const int64_t* qg = quads + g * kQuads;
-#pragma GCC unroll 8
-      for (int q = 0; q < kQuads; ++q) {
-        const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + q * kCols));
-        const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + q * kCols + 8));
-#pragma GCC unroll 4
-        for (int m = 0; m < M; ++m) {
-          int32_t four;
-          std::memcpy(&four, xq + m * k + qg[q], sizeof(four));
-          const __m256i xv = _mm256_set1_epi32(four);
-          narrow[m][0] = _mm256_add_epi16(narrow[m][0], _mm256_maddubs_epi16(w0, xv));
-          narrow[m][1] = _mm256_add_epi16(narrow[m][1], _mm256_maddubs_epi16(w1, xv));
-          // one running sum each: GCC otherwise regroups the unrolled adds into a tree whose
-          // products spill to the stack (half the loop's time)
-          asm("" : "+x"(narrow[m][0]), "+x"(narrow[m][1]));
-        }
-      }
-      const __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ps.codes.data() + g * kCols));
-      const __m256i c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ps.codes.data() + g * kCols + 8));
-#pragma GCC unroll 4
-      for (int m = 0; m < M; ++m) {
-        wide[m][0] = _mm256_add_epi32(wide[m][0], _mm256_madd_epi16(narrow[m][0], c0));
-        wide[m][1] = _mm256_add_epi32(wide[m][1], _mm256_madd_epi16(narrow[m][1], c1));
-      }
-    }
-    const __m256 st0 = _mm256_loadu_ps(ps.steps.data() + s * kCols), st1 = _mm256_loadu_ps(ps.steps.data() + s * kCols + 8);
-#pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) {
-      const __m256 xs = _mm256_set1_ps(xscale[m * supers + s]);
-      facc[m][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[m][0]), _mm256_mul_ps(st0, xs), facc[m][0]);
-      facc[m][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[m][1]), _mm256_mul_ps(st1, xs), facc[m][1]);
-    }
-  }
-  // the lows' part, from the unrounded activations' group sums
-  for (int64_t g = 0; g < groups; ++g) {
-    const __m256 l0 = _mm256_loadu_ps(ps.lows.data() + g * kCols), l1 = _mm256_loadu_ps(ps.lows.data() + g * kCols + 8);
-#pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) {
-      const __m256 xs = _mm256_set1_ps(xsum[m * groups + g]);
-      facc[m][0] = _mm256_fmadd_ps(l0, xs, facc[m][0]);
-      facc[m][1] = _mm256_fmadd_ps(l1, xs, facc[m][1]);
-    }
-  }
-  alignas(32) float row[kCols];
-  for (int m = 0; m < M; ++m) {
-    _mm256_store_ps(row, facc[m][0]);
-    _mm256_store_ps(row + 8, facc[m][1]);
-    for (int64_t c = 0; c < count; ++c) out[m * n + c] = static_cast<O>(row[c]);
-  }
-}
-
-// Weight rows [16 * begin, 16 * end) against all `rows` activation rows, a panel at a time.
+// Weight rows [16 * begin, 16 * end) against all `rows` activation rows (xq [rows, k] in
+// Q8Activations' order, xscale [rows, supers], xsum [rows, groups] of the unrounded activations;
+// quads[g * 8 + q] = quad_at(groups, g, q)), a panel at a time. The lows' part,
+// sum_g low_g * sum(x in g), is added in floats. out[m * n + j].
 template <typename O>
 void products(const uint8_t* w, const GroupScales& scales, const GroupScales& lows, int64_t n, int64_t k,
               int64_t begin, int64_t end, const int8_t* xq, const float* xscale, const float* xsum,
               const int64_t* quads, int64_t rows, O* out) {
   const int64_t groups = k / kGroup, supers = groups / kSpan;
   std::vector<uint32_t, CacheLineAllocator<uint32_t>> panel(groups * kQuads * kCols);
-  PanelScales ps(groups);
-  for (int64_t b = begin; b < end; ++b) {
-    const int64_t j0 = b * kCols, count = std::min(kCols, n - j0);
+  PanelScales ps(groups, kSpan);
+  std::vector<float> expanded(groups * kCols), low(groups * kCols);  // lows [count, groups] -> [groups][16]
+  const auto offset = [&](int64_t g, int q) { return quads[g * kQuads + q]; };
+  const auto start = [](int, int64_t) { return _mm256_setzero_si256(); };
+  over_panels(n, begin, end, rows, [&](int64_t j0, int64_t count) {
     lay_out_panel(w, k, j0, count, panel.data());
-    ps.load(scales, lows, j0, count, groups);
-    for (int64_t m0 = 0; m0 < rows; m0 += kRows)
-      with_row_count<kRows>(std::min<int64_t>(kRows, rows - m0), [&](auto m) {
-        pass<decltype(m)::value>(panel.data(), ps, quads, k, xq + m0 * k, xscale + m0 * supers, xsum + m0 * groups,
-                                 out + m0 * n + j0, n, count);
-      });
-  }
+    ps.load(static_cast<const int8_t*>(scales.values), scales.steps, j0, count, groups, kSpan);
+    lows.expand(j0, count, expanded.data());
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t r = 0; r < kCols; ++r) low[g * kCols + r] = r < count ? expanded[r * groups + g] : 0.f;
+  }, [&](auto rows_now, int64_t m0, int64_t j0, int64_t count) {
+    constexpr int M = decltype(rows_now)::value;
+    __m256 facc[M][2];
+    for (int m = 0; m < M; ++m) facc[m][0] = facc[m][1] = _mm256_setzero_ps();
+    sum_panel<M, kQuads, kSpan>(panel.data(), ps, groups, k, xq + m0 * k, xscale + m0 * supers, offset, start, facc);
+    for (int64_t g = 0; g < groups; ++g) {
+      const __m256 l0 = _mm256_loadu_ps(low.data() + g * kCols), l1 = _mm256_loadu_ps(low.data() + g * kCols + 8);
+      for (int m = 0; m < M; ++m) {
+        const __m256 xs = _mm256_set1_ps(xsum[(m0 + m) * groups + g]);
+        facc[m][0] = _mm256_fmadd_ps(l0, xs, facc[m][0]);
+        facc[m][1] = _mm256_fmadd_ps(l1, xs, facc[m][1]);
+      }
+    }
+    store_rows<M>(facc, out + m0 * n + j0, n, count);
+  });
 }
 
-// --- Q6_K's int8 codes (group_q8_gemv.cpp): the same panel over plain [N, K] codes in [-32, 31] ---
+// --- Q6_K's int8 codes (group_q8_gemv.cpp) ---
 //
-// Groups of 16 (4 quads), 16 groups a super-block. The codes are offset to unsigned (+32) in the
-// panel; a group's 4 quads sum in 16 bits with wrapping adds, and the offset is taken back there
-// by one subtraction of the activation row's own 32 x (sum of its activations at the quads'
-// positions 0, 1 | 2, 3): the true sum, at most 4 x 2 x 32 x 127 = 32512, fits 16 bits, so the
-// wrapped arithmetic gives it exactly. Then as above: a 16-bit multiply-add by the scale codes
-// into 32 bits, floats once a super-block.
+// Plain [N, K] codes in [-32, 31], groups of 16 (4 quads), 16 groups a super-block. The codes are
+// offset to unsigned (+32) in the panel; a group's 4 quads sum in 16 bits with wrapping adds from
+// the activation row's own -32 x (sum of its activations at the quads' positions 0, 1 | 2, 3):
+// the true sum, at most 4 x 2 x 32 x 127 = 32512, fits 16 bits, so the wrapped arithmetic gives
+// it exactly.
 namespace codes {
 
 constexpr int64_t kGroup = 16;
 constexpr int64_t kQuads = 4;   // quads a group
 constexpr int64_t kSpan = 16;   // groups a super-block
 
-// Rows j0.. (count, the rest left as zeros' offset) of int8 codes w [n, k] -> panel[kq * 16 + c]:
-// row c's codes 4kq..4kq + 3 plus 32, as 4 bytes. 8 rows x 8 quads at a time by an 8 x 8
-// transpose of 32-bit lanes.
+// Rows j0.. (count; the rest zeros, whose sums are never written) of int8 codes w [n, k] ->
+// panel[kq * 16 + c]: row c's codes 4kq..4kq + 3 plus 32, as 4 bytes. 8 rows x 8 quads at a time
+// by an 8 x 8 transpose of 32-bit lanes.
 inline void lay_out_panel(const int8_t* w, int64_t k, int64_t j0, int64_t count, uint32_t* panel) {
   const __m256i offset = _mm256_set1_epi8(32);
   for (int64_t half = 0; half < 2; ++half)
@@ -250,9 +273,9 @@ inline void lay_out_panel(const int8_t* w, int64_t k, int64_t j0, int64_t count,
     }
 }
 
-// Each activation row's offsets to take back, a group at a time: -32 x the sums of its
-// activations at quad positions 0, 1 (low 16 bits) and 2, 3 (high), as one 32-bit word (each
-// half negated on its own: the word a group's 16-bit sums start from).
+// An activation row's offsets to take back, a group at a time: -32 x the sums of its activations
+// at quad positions 0, 1 (low 16 bits) and 2, 3 (high), as one 32-bit word (each half negated on
+// its own: the word a group's 16-bit sums start from).
 inline void offsets(const int8_t* q, int64_t k, int32_t* out) {
   for (int64_t g = 0; g < k / kGroup; ++g) {
     int32_t even = 0, odd = 0;
@@ -264,104 +287,33 @@ inline void offsets(const int8_t* q, int64_t k, int32_t* out) {
   }
 }
 
-// One panel's constants: scale codes [groups][16] in both 16-bit halves, steps [supers][16].
-struct PanelScales {
-  std::vector<int32_t> codes;
-  std::vector<float> steps;
-
-  PanelScales(int64_t groups) : codes(groups * kCols), steps(groups / kSpan * kCols) {}
-
-  void load(const int8_t* c, const float* st, int64_t j0, int64_t count, int64_t groups) {
-    const int64_t supers = groups / kSpan;
-    for (int64_t g = 0; g < groups; ++g)
-      for (int64_t r = 0; r < kCols; ++r) {
-        const int32_t code = r < count ? c[(j0 + r) * groups + g] : 0;
-        codes[g * kCols + r] = (code & 0xFFFF) | (code << 16);
-      }
-    for (int64_t s = 0; s < supers; ++s)
-      for (int64_t r = 0; r < kCols; ++r) steps[s * kCols + r] = r < count ? st[(j0 + r) * supers + s] : 0.f;
-  }
-};
-
-// M activation rows (xq [M, k] int8 rows k apart, xscale [M, supers], xoff [M, groups] from
-// offsets()) against one panel. Writes out[m * n + c] for c < count.
-template <int M, typename O>
-void pass(const uint32_t* panel, const PanelScales& ps, int64_t k, const int8_t* xq, const float* xscale,
-          const int32_t* xoff, O* out, int64_t n, int64_t count) {
-  const int64_t groups = k / kGroup, supers = groups / kSpan;
-  __m256 facc[M][2];
-#pragma GCC unroll 4
-  for (int m = 0; m < M; ++m) facc[m][0] = facc[m][1] = _mm256_setzero_ps();
-  for (int64_t s = 0; s < supers; ++s) {
-    __m256i wide[M][2];
-#pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) wide[m][0] = wide[m][1] = _mm256_setzero_si256();
-    for (int64_t g = s * kSpan; g < (s + 1) * kSpan; ++g) {
-      __m256i narrow[M][2];
-#pragma GCC unroll 4
-      for (int m = 0; m < M; ++m) narrow[m][0] = narrow[m][1] = _mm256_set1_epi32(xoff[m * groups + g]);
-      const uint32_t* pg = panel + g * kQuads * kCols;
-#pragma GCC unroll 4
-      for (int q = 0; q < kQuads; ++q) {
-        const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + q * kCols));
-        const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(pg + q * kCols + 8));
-#pragma GCC unroll 4
-        for (int m = 0; m < M; ++m) {
-          int32_t four;
-          std::memcpy(&four, xq + m * k + g * kGroup + 4 * q, sizeof(four));
-          const __m256i xv = _mm256_set1_epi32(four);
-          narrow[m][0] = _mm256_add_epi16(narrow[m][0], _mm256_maddubs_epi16(w0, xv));
-          narrow[m][1] = _mm256_add_epi16(narrow[m][1], _mm256_maddubs_epi16(w1, xv));
-          asm("" : "+x"(narrow[m][0]), "+x"(narrow[m][1]));  // one running sum each (see pass above)
-        }
-      }
-      const __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ps.codes.data() + g * kCols));
-      const __m256i c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ps.codes.data() + g * kCols + 8));
-#pragma GCC unroll 4
-      for (int m = 0; m < M; ++m) {
-        wide[m][0] = _mm256_add_epi32(wide[m][0], _mm256_madd_epi16(narrow[m][0], c0));
-        wide[m][1] = _mm256_add_epi32(wide[m][1], _mm256_madd_epi16(narrow[m][1], c1));
-      }
-    }
-    const __m256 st0 = _mm256_loadu_ps(ps.steps.data() + s * kCols), st1 = _mm256_loadu_ps(ps.steps.data() + s * kCols + 8);
-#pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) {
-      const __m256 xs = _mm256_set1_ps(xscale[m * supers + s]);
-      facc[m][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[m][0]), _mm256_mul_ps(st0, xs), facc[m][0]);
-      facc[m][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[m][1]), _mm256_mul_ps(st1, xs), facc[m][1]);
-    }
-  }
-  alignas(32) float row[kCols];
-  for (int m = 0; m < M; ++m) {
-    _mm256_store_ps(row, facc[m][0]);
-    _mm256_store_ps(row + 8, facc[m][1]);
-    for (int64_t c = 0; c < count; ++c) out[m * n + c] = static_cast<O>(row[c]);
-  }
-}
-
 // Weight rows [16 * begin, 16 * end) of codes w [n, k] (scale codes [n, groups], steps
-// [n, supers]) against all `rows` activation rows, a panel at a time.
+// [n, supers]) against all `rows` activation rows (xq [rows, k] in order, xscale [rows, supers],
+// xoff [rows, groups] from offsets()), a panel at a time. out[m * n + j].
 template <typename O>
 void products(const int8_t* w, const int8_t* scale_codes, const float* steps, int64_t n, int64_t k, int64_t begin,
               int64_t end, const int8_t* xq, const float* xscale, const int32_t* xoff, int64_t rows, O* out) {
   const int64_t groups = k / kGroup, supers = groups / kSpan;
   std::vector<uint32_t, CacheLineAllocator<uint32_t>> panel(k / 4 * kCols);
-  PanelScales ps(groups);
-  for (int64_t b = begin; b < end; ++b) {
-    const int64_t j0 = b * kCols, count = std::min(kCols, n - j0);
+  PanelScales ps(groups, kSpan);
+  const auto offset = [](int64_t g, int q) { return g * kGroup + 4 * q; };
+  over_panels(n, begin, end, rows, [&](int64_t j0, int64_t count) {
     lay_out_panel(w, k, j0, count, panel.data());
-    ps.load(scale_codes, steps, j0, count, groups);
-    for (int64_t m0 = 0; m0 < rows; m0 += kRows)
-      with_row_count<kRows>(std::min<int64_t>(kRows, rows - m0), [&](auto m) {
-        pass<decltype(m)::value>(panel.data(), ps, k, xq + m0 * k, xscale + m0 * supers, xoff + m0 * groups,
-                                 out + m0 * n + j0, n, count);
-      });
-  }
+    ps.load(scale_codes, steps, j0, count, groups, kSpan);
+  }, [&](auto rows_now, int64_t m0, int64_t j0, int64_t count) {
+    constexpr int M = decltype(rows_now)::value;
+    const int32_t* own = xoff + m0 * groups;
+    const auto start = [&](int m, int64_t g) { return _mm256_set1_epi32(own[m * groups + g]); };
+    __m256 facc[M][2];
+    for (int m = 0; m < M; ++m) facc[m][0] = facc[m][1] = _mm256_setzero_ps();
+    sum_panel<M, kQuads, kSpan>(panel.data(), ps, groups, k, xq + m0 * k, xscale + m0 * supers, offset, start, facc);
+    store_rows<M>(facc, out + m0 * n + j0, n, count);
+  });
 }
 
 }  // namespace codes
 
-// The fewest rows a call takes this loop for (RADIXSERVE_Q8_PANEL_ROWS moves it, for measuring).
+// The fewest rows a call takes these loops for (RADIXSERVE_Q8_PANEL_ROWS moves it, for measuring).
 inline int64_t rows_from() {
   static const int64_t from = [] {
     const char* v = std::getenv("RADIXSERVE_Q8_PANEL_ROWS");
