@@ -173,7 +173,7 @@ at::Tensor group_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Ten
     // on one thread for a few rows (a decode step), spread over the threads for a prompt's
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) { quantize_rows<scalar_t>(x, a, begin, end); });
     scalar_t* op = out.data_ptr<scalar_t>();
-#if RADIXSERVE_GROUP_Q8 && !defined(__AVX512F__)
+#if RADIXSERVE_Q8_PANEL
     if (rows >= radixserve::q8panel::rows_from()) {  // q8_panel.h's panel loop (AVX2)
       namespace panel = radixserve::q8panel;
       std::vector<int32_t> offsets(rows * (k / kGroup));

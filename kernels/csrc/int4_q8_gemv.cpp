@@ -429,7 +429,7 @@ at::Tensor int4_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tens
     // on one thread for a few rows (a decode step), spread over the threads for a prompt's
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) { quantize_rows<scalar_t>(x, a, begin, end); });
     scalar_t* op = out.data_ptr<scalar_t>();
-#if RADIXSERVE_INT4_Q8 == 256
+#if RADIXSERVE_Q8_PANEL
     if (rows >= radixserve::q8panel::rows_from()) {
       namespace panel = radixserve::q8panel;
       std::vector<int64_t> quads(a.groups * panel::kQuads);
@@ -461,7 +461,7 @@ bool int4_gemv_q8_fast() { return RADIXSERVE_INT4_Q8 != 0; }
 // The fewest rows a call takes the panel loop for (q8_panel.h), 0 where it is not built (AVX-512's
 // loop takes 8 rows a call).
 int64_t int4_gemv_q8_panel_rows() {
-#if RADIXSERVE_INT4_Q8 == 256
+#if RADIXSERVE_Q8_PANEL
   return radixserve::q8panel::rows_from();
 #else
   return 0;

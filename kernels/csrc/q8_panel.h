@@ -29,7 +29,15 @@
 // sums run in one order), not bit for bit the few-row loop's (its float sums run in another).
 #pragma once
 
+// Whether these loops are built: AVX2 without AVX-512 (AVX-512's int8-activation loops take 8 rows
+// a call and have none). The kernels that call them ask this, not the flags again.
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define RADIXSERVE_Q8_PANEL 1
+#else
+#define RADIXSERVE_Q8_PANEL 0
+#endif
+
+#if RADIXSERVE_Q8_PANEL
 #include <immintrin.h>
 
 #include <algorithm>

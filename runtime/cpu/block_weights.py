@@ -136,20 +136,19 @@ def _quad_rows(packed: torch.Tensor, ids: torch.Tensor, k: int,
 
 class KernelRows:
     """How many activation rows the group and int4 kernels take, for block_linear.block_product:
-    with the activations rounded to int16 (rounds_to_int16), INT16_ROWS a call, or PANEL_ROWS for
-    int8 codes with the panel loop, ahead of any wide path; Q4_K codes with int8 activations and
-    their panel loop, any number (Q8_PANEL_ROWS); with exact ones FEW_ROWS a call."""
+    with int8 activations and their panel loops, any number (Q8_PANEL_ROWS); with the activations
+    rounded to int16 (rounds_to_int16), INT16_ROWS a call, or PANEL_ROWS for int8 codes with the
+    panel loop, ahead of any wide path; with exact ones FEW_ROWS a call."""
 
     panel_kernel = False  # whether the kind's int16 kernel has the panel loop (group_gemv's: Int8Blocks)
-    q8_panel_kernel = False  # whether its int8-activation kernel has one (int4_q8_gemv's, group_q8_gemv's)
 
     @property
     def integer_rows(self) -> int:
         """Rows up to which the integer loops serve a product ahead of any wide path (0: none):
-        any number for Q4_K codes with int8 activations where their panel loop is built
+        any number with int8 activations (Q4_K's, Q6_K's) where their panel loops are built
         (Q8_PANEL_ROWS); with the activations rounded to int16, PANEL_ROWS for int8 codes where the
         panel loop is built, else INT16_ROWS."""
-        if self.q8_panel_kernel and self.int8_activations and has_q8_panel_loop():  # type: ignore[attr-defined]
+        if self.int8_activations and has_q8_panel_loop():  # type: ignore[attr-defined]
             return Q8_PANEL_ROWS
         if not rounds_to_int16(self):  # type: ignore[arg-type]
             return 0
@@ -166,7 +165,6 @@ class Int8Blocks(KernelRows):
 
     wide_itself = False
     panel_kernel = True
-    q8_panel_kernel = True  # Q6_K's codes with int8 activations (group_q8_gemv.cpp; q8_panel.h's codes::)
     kept_tensors, kept_attrs = ("codes", "scales", "steps"), ("shape", "group")
     int16_activations: bool | None = None  # as Int4Blocks'
     int8_activations = False  # as Int4Blocks'
@@ -261,7 +259,6 @@ class Int4Blocks(KernelRows):
     of 128 codes as 32 16-bit words in tiles of 16 groups, rows in quads."""
 
     wide_itself = False
-    q8_panel_kernel = True
     kept_tensors, kept_attrs = ("packed", "scales", "scale_steps", "lows", "low_steps"), ("shape",)
     row_multiple = 4  # dequantize() takes whole quads
     kernel_rows = 2 * FEW_ROWS  # the float loop's two passes beat dequantized slices up to here (block_linear.py)
