@@ -391,6 +391,90 @@ void dot_quads256(const uint8_t* w, const radixserve::GroupScales& scales, const
       });
   }
 }
+
+// One activation row (a decode step of one stream): dot_rows256<1, 4>'s arithmetic operation for
+// operation (the same bits, so a row's result still does not depend on the call's row count), laid
+// out for the one-row case: the activations of half a tile loaded once for the quad's four weight
+// rows, and the lows' part (RowsQ8::load's expanded lows and their dot product, a fifth of a
+// one-row call on the 1.5B's 17920 x 1536 layer) summed in the same pass, a super-block at a time,
+// from the int8 codes and steps, with no per-quad arrays. Factored lows (a Q4_K's) only.
+
+// Four rows' (from `codes`, `steps`) codes of half a tile (8 groups; a small tile's 4) into acc.
+template <int G>
+inline void one_row_half(const uint8_t* w, int64_t k, int64_t j, int64_t group0, int h, const int8_t* x,
+                         const int8_t* codes, const float* steps, float x_scale, int64_t groups, int64_t supers,
+                         __m256 (&acc)[4]) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const int8_t* xv = x + group0 * kGroup + 32 * h;
+  __m256i masked_x[4], shifted_x[4];
+  RADIXSERVE_UNROLL
+  for (int v = 0; v < 4; ++v) {
+    masked_x[v] = half_activations<G>(xv + v * 8 * G);
+    shifted_x[v] = half_activations<G>(xv + v * 8 * G + 4 * G);
+  }
+  const int64_t g0 = group0 + 8 * h, sb = g0 / kSpan;
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < 4; ++r) {
+    __m256i sum = _mm256_setzero_si256();
+    RADIXSERVE_UNROLL
+    for (int v = 0; v < 4; ++v) {
+      const __m256i words = half_words<G>(w, k, j + r, group0, v, h);
+      const __m256i pm = _mm256_maddubs_epi16(_mm256_and_si256(words, low4), masked_x[v]);
+      const __m256i ps = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(words, 4), low4), shifted_x[v]);
+      sum = _mm256_add_epi16(sum, _mm256_add_epi16(pm, ps));
+    }
+    int64_t eight = 0;
+    std::memcpy(&eight, codes + r * groups + g0, G == kTileGroups ? 8 : 4);
+    const __m256i code = _mm256_cvtepi8_epi32(_mm_cvtsi64_si128(eight));
+    const __m256i scale = _mm256_or_si256(_mm256_and_si256(code, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(code, 16));
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sum, scale)),
+                             _mm256_set1_ps(steps[r * supers + sb] * x_scale), acc[r]);
+  }
+}
+
+// Four rows' lows times the activations' group sums over groups [g, g + 8), into rest (in
+// RowsQ8::load's order: the low, code times step, then one multiply-add a chunk of 8 groups).
+inline void one_row_lows(const int8_t* low_codes, const float* low_steps, int64_t groups, int64_t supers, int64_t g,
+                         const float* x_sums, __m256 (&rest)[4]) {
+  const __m256 xs = _mm256_loadu_ps(x_sums + g);
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < 4; ++r) {
+    const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(low_codes + r * groups + g))));
+    rest[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(low_steps[r * supers + g / kSpan]), c), xs, rest[r]);
+  }
+}
+
+template <typename O>
+void one_row256(const uint8_t* w, const radixserve::GroupScales& scales, const radixserve::GroupScales& lows,
+                int64_t begin, int64_t end, const Q8Activations& a, O* out) {
+  const int64_t k = a.k, groups = a.groups, supers = a.supers, full = groups / kTileGroups;
+  const int8_t* x = a.q.data();
+  for (int64_t j = begin * kQuad; j < end * kQuad; j += kQuad) {
+    const int8_t* codes = static_cast<const int8_t*>(scales.values) + j * groups;
+    const float* steps = scales.steps + j * supers;
+    const int8_t* low_codes = static_cast<const int8_t*>(lows.values) + j * groups;
+    const float* low_steps = lows.steps + j * supers;
+    __m256 acc[4], rest[4];
+    RADIXSERVE_UNROLL
+    for (int r = 0; r < 4; ++r) acc[r] = rest[r] = _mm256_setzero_ps();
+    for (int64_t ti = 0; ti < full; ++ti) {
+      radixserve::prefetch_ahead<4 * kQuad>(block_at(w, k, j, ti * kTileGroups / 4));
+      RADIXSERVE_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        one_row_half<kTileGroups>(w, k, j, ti * kTileGroups, h, x, codes, steps, a.scale[2 * ti + h], groups, supers, acc);
+        one_row_lows(low_codes, low_steps, groups, supers, ti * kTileGroups + 8 * h, a.sums.data(), rest);
+      }
+    }
+    for (int64_t g = full * kTileGroups; g < groups; g += kSmallGroups)
+      one_row_half<kSmallGroups>(w, k, j, g, 0, x, codes, steps, a.scale[g / kSpan], groups, supers, acc);
+    for (int64_t g = full * kTileGroups; g < groups; g += kSpan)
+      one_row_lows(low_codes, low_steps, groups, supers, g, a.sums.data(), rest);
+    RADIXSERVE_UNROLL
+    for (int r = 0; r < 4; ++r)
+      out[j + r] = static_cast<O>(radixserve::reduce_add(acc[r]) + (radixserve::reduce_add(rest[r]) + 0.f));
+  }
+}
 #endif
 
 // x [rows, K] @ (scales * q + lows).T -> [rows, N] in x's dtype, x rounded to int8 per 256.
@@ -438,6 +522,12 @@ at::Tensor int4_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tens
       at::parallel_for(0, (n + panel::kCols - 1) / panel::kCols, 1, [&](int64_t begin, int64_t end) {
         panel::products(wp, sg, lg, n, k, begin, end, a.q.data(), a.scale.data(), a.sums.data(), quads.data(), rows, op);
       });
+      return;
+    }
+#endif
+#if RADIXSERVE_INT4_Q8 == 256
+    if (rows == 1 && lg.type == at::kChar && lg.span == kSpan) {
+      at::parallel_for(0, n / kQuad, grain, [&](int64_t begin, int64_t end) { one_row256(wp, sg, lg, begin, end, a, op); });
       return;
     }
 #endif

@@ -81,8 +81,9 @@ def test_the_integer_sums_of_the_rounded_activations(dtype: torch.dtype, rows: i
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_a_row_gives_the_same_bits_alone_and_in_a_batch(dtype: torch.dtype) -> None:
-    """Within one loop: the few-row loop's calls (1 row, or fewer than PANEL_ROWS), and the panel
-    loop's (PANEL_ROWS or more), each whatever rows share the call."""
+    """Within one loop: the few-row loop's calls (fewer than PANEL_ROWS rows; on AVX2 a call of
+    one row runs the same arithmetic in a loop of its own, one_row256, checked here against the
+    4-row passes), and the panel loop's (PANEL_ROWS or more), each whatever rows share the call."""
     q, scales, lows = q4k(64, 1280, seed=3)  # 40 groups: 2 full tiles and 2 small ones
     x = torch.randn(33, 1280).to(dtype)
     few = min(PANEL_ROWS - 1, 32) if PANEL_ROWS else 8  # AVX2: passes of 4 rows over blocks of weights, and 1
