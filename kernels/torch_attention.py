@@ -32,12 +32,17 @@ class TorchAttentionBackend:
                 window: int | None = None) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, KVH, D] (new tokens); caches: [S, KVH, D]. Returns [T, H, D]."""
         self.store_kv(k, v, k_cache, v_cache, meta)
+        ops = _decode_kernel(q, k_cache, v_cache, meta)
+        if ops is not None and not meta.num_extend_reqs:
+            # a decode step: the kernel's output is the whole result (no output to fill in slices:
+            # on a one-row step those few torch calls cost as much as the kernel, every layer)
+            return ops.decode_attention(q, k_cache, v_cache, meta.slot_table, meta.rows, meta.seq_lens_t,
+                                        window or 0, scale)
         out = torch.empty_like(q)
         n_ext = meta.num_extend_tokens
         if meta.num_extend_reqs:
             self._extend(q[:n_ext], k_cache, v_cache, meta, scale, window, out[:n_ext])
         if meta.num_decode_reqs:
-            ops = cpu_ops() if _fits_kernel(q, k_cache, v_cache, meta) else None
             if ops is not None:  # the fused kernel reads the pool through the slot table itself
                 first = meta.num_extend_reqs
                 out[n_ext:] = ops.decode_attention(q[n_ext:], k_cache, v_cache, meta.slot_table, meta.rows[first:],
@@ -84,6 +89,15 @@ class TorchAttentionBackend:
         scores = scores.masked_fill(~mask, float("-inf"))
         out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, KVH, G, D]
         return out.view(batch, kv_heads * group, dim).to(q.dtype)
+
+
+def _decode_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> object | None:
+    """The CPU ops where their decode kernel takes this step's inputs, else None; asked once a step
+    (every layer's caches have one dtype and layout)."""
+    key = ("decode kernel", q.dtype, k_cache.dtype)
+    if key not in meta.cache:
+        meta.cache[key] = cpu_ops() if _fits_kernel(q, k_cache, v_cache, meta) else None
+    return meta.cache[key]
 
 
 def _fits_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> bool:

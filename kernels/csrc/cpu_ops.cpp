@@ -20,7 +20,12 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -210,15 +215,71 @@ inline void axpy(float a, const float* x, float* acc, int64_t n) {
 // threads (flash-decoding) and are merged by their softmax maxima and sums.
 constexpr int64_t kSpanPiece = 1024;
 
+#if defined(__AVX2__) && defined(__FMA__)
+// Eight keys' scores against one query head, side by side (dim a multiple of 8): a lone dot
+// product is one chain of dim / 8 dependent multiply-adds, and waiting on their latency was most of
+// a one-row decode step's attention (75 us a layer for 100 keys, 12 heads of 128, on one Zen 3
+// core). Every lane's sum runs the same tree, so a key's score does not depend on its neighbours.
+inline __m256 dot8(const float* q, const float* const* k, int64_t dim) {
+  __m256 a[8];
+  for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < dim; d += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + d);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[i] + d), a[i]);
+  }
+  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+#endif
+
+template <typename T>
+inline void prefetch_row(const T* row, int64_t dim) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t at = 0; at < dim * static_cast<int64_t>(sizeof(T)); at += 64) __builtin_prefetch(bytes + at);
+}
+
+// Key j's row in float: the cache's own row where it is float, else converted into `into`.
+template <typename T>
+inline const float* key_row(const T* ks, int64_t slot, int64_t kv_heads, int64_t kh, int64_t dim, float* into) {
+  const T* row = ks + (slot * kv_heads + kh) * dim;
+  if constexpr (std::is_same_v<T, float>) {
+    return row;
+  } else {
+    to_float(row, into, dim);
+    return into;
+  }
+}
+
 // One piece of a request's attention for the query heads of one KV head: for keys
 // slots[0:count], the running max, sum of exp and exp-weighted sum of values per query head.
 template <typename T>
 void attend_piece(const float* qf, int64_t group, int64_t dim, const T* ks, const T* vs, const int64_t* slots,
                   int64_t count, int64_t kv_heads, int64_t kh, float scale, float* top, float* total, float* acc) {
-  std::vector<float> row(dim), scores(group * count);
-  for (int64_t j = 0; j < count; ++j) {
-    to_float(ks + (slots[j] * kv_heads + kh) * dim, row.data(), dim);  // once for every query head
-    for (int64_t g = 0; g < group; ++g) scores[g * count + j] = dot(qf + g * dim, row.data(), dim) * scale;
+  std::vector<float> row(8 * dim), scores(group * count);
+  int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (dim % 8 == 0)
+    for (; j < count; j += 8) {  // the last block repeats its last key where fewer than 8 are left
+      const float* k[8];
+      for (int i = 0; i < 8; ++i) {
+        k[i] = key_row(ks, slots[std::min(j + i, count - 1)], kv_heads, kh, dim, row.data() + i * dim);
+        // the next block's rows: slots are pages of the pool, anywhere in it, where the hardware's
+        // stream prefetcher does not follow (4000 keys on scattered slots, one thread: 2.9 against 1.7 ms)
+        if (j + 8 + i < count) prefetch_row(ks + (slots[j + 8 + i] * kv_heads + kh) * dim, dim);
+      }
+      const __m256 by = _mm256_set1_ps(scale);
+      for (int64_t g = 0; g < group; ++g) {
+        alignas(32) float eight[8];
+        _mm256_store_ps(eight, _mm256_mul_ps(dot8(qf + g * dim, k, dim), by));
+        std::memcpy(scores.data() + g * count + j, eight, std::min<int64_t>(8, count - j) * sizeof(float));
+      }
+    }
+#endif
+  for (; j < count; ++j) {
+    const float* k = key_row(ks, slots[j], kv_heads, kh, dim, row.data());  // once for every query head
+    for (int64_t g = 0; g < group; ++g) scores[g * count + j] = dot(qf + g * dim, k, dim) * scale;
   }
   for (int64_t g = 0; g < group; ++g) {
     float* sg = scores.data() + g * count;
@@ -234,8 +295,9 @@ void attend_piece(const float* qf, int64_t group, int64_t dim, const T* ks, cons
   }
   std::fill(acc, acc + group * dim, 0.f);
   for (int64_t j = 0; j < count; ++j) {
-    to_float(vs + (slots[j] * kv_heads + kh) * dim, row.data(), dim);
-    for (int64_t g = 0; g < group; ++g) axpy(scores[g * count + j], row.data(), acc + g * dim, dim);
+    if (j + 4 < count) prefetch_row(vs + (slots[j + 4] * kv_heads + kh) * dim, dim);
+    const float* v = key_row(vs, slots[j], kv_heads, kh, dim, row.data());
+    for (int64_t g = 0; g < group; ++g) axpy(scores[g * count + j], v, acc + g * dim, dim);
   }
 }
 
