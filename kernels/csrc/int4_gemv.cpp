@@ -659,10 +659,119 @@ inline void pass16(RowConstants<M, R>& c, const uint8_t* w, int64_t n, int64_t j
     dot_tiles16<M, R, false, P>(w, c, n, j, a, m0, out + m0 * n);
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// One activation row rounded to int16 (a decode step of one stream): pass16<1>'s arithmetic over a
+// quad, operation for operation (the same bits, so a row's result still does not depend on the
+// call's row count), without RowConstants' per-quad arrays: each half tile's scales made from their
+// int8 codes and steps where the loop needs them, and the lows' part (RowConstants::rests) summed
+// in the same pass, a chunk of 8 groups at a time. Factored scales and lows (a Q4_K's) only.
+
+// Four rows' scales (or lows) of groups [g0, g0 + G) as floats: codes times their step (what
+// GroupScales::expand gives), a small tile's upper lanes 0.
+template <int G>
+inline __m256 factored(const int8_t* codes, const float* steps, int64_t groups, int64_t supers, int r, int64_t g0) {
+  if constexpr (G == 8) {
+    return _mm256_mul_ps(_mm256_set1_ps(steps[r * supers + g0 / 8]),
+                         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + r * groups + g0)))));
+  } else {
+    int32_t four = 0;
+    std::memcpy(&four, codes + r * groups + g0, 4);
+    return _mm256_zextps128_ps256(_mm_mul_ps(_mm_set1_ps(steps[r * supers + g0 / 8]),
+                                             _mm_cvtepi32_ps(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(four)))));
+  }
+}
+
+template <bool Prefetch, typename O>
+void one_row16(const uint8_t* w, const radixserve::GroupScales& scales, const radixserve::GroupScales& lows,
+               int64_t begin, int64_t end, const Activations& a, O* out) {
+  const int64_t k = a.k, groups = a.groups, supers = groups / 8;
+  const __m256i nibble = _mm256_set1_epi16(0x000F);
+  for (int64_t j = begin * kQuad; j < end * kQuad; j += kQuad) {
+    const int8_t* sc = static_cast<const int8_t*>(scales.values) + j * groups;
+    const float* ss = scales.steps + j * supers;
+    const int8_t* lc = static_cast<const int8_t*>(lows.values) + j * groups;
+    const float* ls = lows.steps + j * supers;
+    __m256 acc[kQuad][1], lanes[kQuad];
+    zero(acc);
+    for (int r = 0; r < kQuad; ++r) lanes[r] = _mm256_setzero_ps();
+    // RowConstants::rests' chain for groups [g, g + 8): low - 0 * scale, times the group sums
+    const auto lows_chunk = [&](int64_t g) {
+      const __m256 xs = _mm256_loadu_ps(a.sums.data() + g);
+      RADIXSERVE_UNROLL
+      for (int r = 0; r < kQuad; ++r) {
+        const __m256 adjusted = _mm256_fnmadd_ps(_mm256_set1_ps(0.f), factored<8>(sc, ss, groups, supers, r, g),
+                                                 factored<8>(lc, ls, groups, supers, r, g));
+        lanes[r] = _mm256_fmadd_ps(adjusted, xs, lanes[r]);
+      }
+    };
+    // half_tile16<1, 4, G, 1>
+    const auto half = [&](auto gc, const Tile& tile, int h) {
+      constexpr int G = decltype(gc)::value;
+      constexpr int64_t TG = G == 8 ? kTileGroups : kSmallGroups;
+      const uint8_t* base_h = half_base(w, k, j, tile, h);
+      const int16_t* xt = a.x16.data() + (tile.group0 * kGroup + 16 * h);
+      __m256i tacc[kQuad][1];
+      zero(tacc);
+      RADIXSERVE_UNROLL
+      for (int v = 0; v < 4; ++v) {
+        __m256i words[kQuad];
+        RADIXSERVE_UNROLL
+        for (int r = 0; r < kQuad; ++r) words[r] = half_words<G>(base_h + half_register<G>(v, r));
+        RADIXSERVE_UNROLL
+        for (int t = 0; t < 4; ++t) {
+          const __m256i x = half_words<G>(xt + (4 * v + t) * 2 * TG);
+          RADIXSERVE_UNROLL
+          for (int r = 0; r < kQuad; ++r) {
+            const __m256i codes = t == 3 ? _mm256_srli_epi16(words[r], 12)
+                                         : _mm256_and_si256(_mm256_srli_epi16(words[r], 4 * t), nibble);
+            tacc[r][0] = _mm256_add_epi32(tacc[r][0], _mm256_madd_epi16(codes, x));
+          }
+          RADIXSERVE_UNROLL
+          for (int r = 0; r < kQuad; ++r) __asm__("" : "+x"(tacc[r][0]));  // as half_tile16
+        }
+      }
+      const int64_t g0 = tile.group0 + 8 * h;
+      const __m256 xscale = half_floats<G>(a.x16_scales.data() + g0);
+      RADIXSERVE_UNROLL
+      for (int r = 0; r < kQuad; ++r)
+        acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tacc[r][0]),
+                                    _mm256_mul_ps(factored<G>(sc, ss, groups, supers, r, g0), xscale), acc[r][0]);
+    };
+    const int64_t full = groups / kTileGroups;
+    for (int64_t ti = 0, tiles = tile_count(groups); ti < tiles; ++ti) {
+      const Tile tile = tile_of(groups, ti);
+      if constexpr (Prefetch) radixserve::prefetch_ahead<4 * kQuad>(block_at(w, k, j, tile.group0 / 4));
+      if (tile.groups == kTileGroups) {
+        for (int h = 0; h < 2; ++h) {
+          half(std::integral_constant<int, 8>{}, tile, h);
+          lows_chunk(tile.group0 + 8 * h);
+        }
+      } else {
+        half(std::integral_constant<int, 4>{}, tile, 0);
+      }
+    }
+    for (int64_t g = full * kTileGroups; g < groups; g += 8) lows_chunk(g);
+    RADIXSERVE_UNROLL
+    for (int r = 0; r < kQuad; ++r)
+      out[j + r] = static_cast<O>(radixserve::reduce_add(acc[r][0]) + radixserve::reduce_add(lanes[r]));
+  }
+}
+#endif
+
 template <typename O>
 void dot_quads16(const uint8_t* w, const radixserve::GroupScales& scales, const radixserve::GroupScales& lows,
                  int64_t n, int64_t begin, int64_t end, const Activations& a, int64_t rows, O* out) {
   if (rows == 1) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (scales.type == at::kChar && scales.span == 8 && lows.type == at::kChar && lows.span == 8) {
+      if (a.prefetch)
+        one_row16<true>(w, scales, lows, begin, end, a, out);
+      else
+        one_row16<false>(w, scales, lows, begin, end, a, out);
+      return;
+    }
+#endif
     RowConstants<1, kQuad> one(a.groups);
     for (int64_t j = begin * kQuad; j < end * kQuad; j += kQuad) {
       one.expand(scales, lows, j);

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from kernels.cpu_ops import ops
+from runtime.cpu.block_weights import compact_scales
 from runtime.cpu.int4_linear import pack_blocks
 
 pytestmark = pytest.mark.skipif(ops() is None, reason="the CPU kernels could not be built here")
@@ -111,6 +112,28 @@ def test_int16_activations_a_row_the_same_alone_and_in_a_batch_and_zero_rows_are
     strided = torch.randn(6, 1280)[:, ::2]  # not contiguous: read with its strides
     assert torch.equal(ops().int4_gemv(strided, codes, scales, lows, None, None, True),
                        ops().int4_gemv(strided.contiguous(), codes, scales, lows, None, None, True))
+
+
+def test_int16_activations_over_k_quant_scales_a_row_the_same_alone_and_in_a_batch() -> None:
+    """With a Q4_K's scales and lows (int8 codes and a float32 step a super-block: compact_scales),
+    one row has a loop of its own on AVX2 (one_row16: the scales made from their codes in the
+    loop, the lows' part in the same pass); it gives the batch loop's bits. 1280 = two full tiles
+    and two small ones; near the exact product within the int16 rounding."""
+    from tests.kernels.test_int4_q8_gemv import q4k
+
+    q, scales, lows = q4k(64, 1280, seed=5)
+    (sc, ss), (lc, ls) = compact_scales(scales, 32), compact_scales(lows, 32)
+    assert sc.dtype == lc.dtype == torch.int8
+    codes = pack_blocks(q)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(9, 1280, generator=torch.Generator().manual_seed(2)).to(dtype)
+        together = ops().int4_gemv(x, codes, sc, lc, ss, ls, True)
+        for i in range(9):
+            assert torch.equal(ops().int4_gemv(x[i:i + 1], codes, sc, lc, ss, ls, True)[0], together[i])
+        exact = (q.double().reshape(64, 40, 32) * scales.double()[..., None] + lows.double()[..., None]).reshape(64, 1280)
+        want = x.double() @ exact.t()
+        tol = (1e-4 if dtype == torch.float32 else 8e-3) * want.abs().max().item()
+        assert (together.double() - want).abs().max() < tol
 
 
 def test_strided_rows() -> None:
