@@ -527,18 +527,18 @@ void dot_tiles_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, in
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
-// dot_tiles16's half of a tile (G groups, G <= 8 lanes of 32 bits: 8 of a full tile's 16, or a
-// small tile's 4, whose upper lanes load as 0) for R weight rows, into the rows' accumulators.
+// The integer sums of dot_tiles16's half of a tile (G groups, G <= 8 lanes of 32 bits: 8 of a full
+// tile's 16, or a small tile's 4, whose upper lanes load as 0) for R weight rows from j against M
+// activation rows from m0: a group a lane, before its scales.
 template <int M, int R, int G, int P>
-inline void half_tile16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j, const Activations& a, int64_t m0,
-                        const Tile& tile, int h, __m256 (&acc)[R][M]) {
-  const int64_t k = a.k, groups = a.groups;
+inline void half_sums16(const uint8_t* w, int64_t j, const Activations& a, int64_t m0, const Tile& tile, int h,
+                        __m256i (&tacc)[R][M]) {
+  const int64_t k = a.k;
   constexpr int64_t TG = G == 8 ? kTileGroups : kSmallGroups;  // the tile's groups
   const uint8_t* base_h = half_base(w, k, j, tile, h);
   // rows m0.. (m0 a multiple of P, the interleave): Activations::x16_at
   const int16_t* xt = a.x16.data() + m0 * k + (tile.group0 * kGroup + 16 * h) * P;
   const __m256i nibble = _mm256_set1_epi16(0x000F);
-  __m256i tacc[R][M];
   zero(tacc);
   RADIXSERVE_UNROLL
   for (int v = 0; v < 4; ++v) {
@@ -564,6 +564,15 @@ inline void half_tile16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j
         for (int m = 0; m < M; ++m) __asm__("" : "+x"(tacc[r][m]));
     }
   }
+}
+
+// dot_tiles16's half of a tile for R weight rows, into the rows' accumulators.
+template <int M, int R, int G, int P>
+inline void half_tile16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j, const Activations& a, int64_t m0,
+                        const Tile& tile, int h, __m256 (&acc)[R][M]) {
+  const int64_t groups = a.groups;
+  __m256i tacc[R][M];
+  half_sums16<M, R, G, P>(w, j, a, m0, tile, h, tacc);
   const int64_t g0 = tile.group0 + 8 * h;
   RADIXSERVE_UNROLL
   for (int r = 0; r < R; ++r) {
@@ -686,7 +695,6 @@ template <bool Prefetch, typename O>
 void one_row16(const uint8_t* w, const radixserve::GroupScales& scales, const radixserve::GroupScales& lows,
                int64_t begin, int64_t end, const Activations& a, O* out) {
   const int64_t k = a.k, groups = a.groups, supers = groups / 8;
-  const __m256i nibble = _mm256_set1_epi16(0x000F);
   for (int64_t j = begin * kQuad; j < end * kQuad; j += kQuad) {
     const int8_t* sc = static_cast<const int8_t*>(scales.values) + j * groups;
     const float* ss = scales.steps + j * supers;
@@ -705,32 +713,11 @@ void one_row16(const uint8_t* w, const radixserve::GroupScales& scales, const ra
         lanes[r] = _mm256_fmadd_ps(adjusted, xs, lanes[r]);
       }
     };
-    // half_tile16<1, 4, G, 1>
+    // half_tile16<1, 4, G, 1>, the scales from their codes
     const auto half = [&](auto gc, const Tile& tile, int h) {
       constexpr int G = decltype(gc)::value;
-      constexpr int64_t TG = G == 8 ? kTileGroups : kSmallGroups;
-      const uint8_t* base_h = half_base(w, k, j, tile, h);
-      const int16_t* xt = a.x16.data() + (tile.group0 * kGroup + 16 * h);
       __m256i tacc[kQuad][1];
-      zero(tacc);
-      RADIXSERVE_UNROLL
-      for (int v = 0; v < 4; ++v) {
-        __m256i words[kQuad];
-        RADIXSERVE_UNROLL
-        for (int r = 0; r < kQuad; ++r) words[r] = half_words<G>(base_h + half_register<G>(v, r));
-        RADIXSERVE_UNROLL
-        for (int t = 0; t < 4; ++t) {
-          const __m256i x = half_words<G>(xt + (4 * v + t) * 2 * TG);
-          RADIXSERVE_UNROLL
-          for (int r = 0; r < kQuad; ++r) {
-            const __m256i codes = t == 3 ? _mm256_srli_epi16(words[r], 12)
-                                         : _mm256_and_si256(_mm256_srli_epi16(words[r], 4 * t), nibble);
-            tacc[r][0] = _mm256_add_epi32(tacc[r][0], _mm256_madd_epi16(codes, x));
-          }
-          RADIXSERVE_UNROLL
-          for (int r = 0; r < kQuad; ++r) __asm__("" : "+x"(tacc[r][0]));  // as half_tile16
-        }
-      }
+      half_sums16<1, kQuad, G, 1>(w, j, a, 0, tile, h, tacc);
       const int64_t g0 = tile.group0 + 8 * h;
       const __m256 xscale = half_floats<G>(a.x16_scales.data() + g0);
       RADIXSERVE_UNROLL
