@@ -24,6 +24,15 @@
 
 namespace radixserve {
 
+#if defined(__AVX2__)
+// Eight int8 codes as floats times their step: a factored scale's values, as expand() gives them
+// (the kernels that read codes and steps directly make them with this too).
+inline __m256 codes_times_step(const int8_t* codes, float step) {
+  return _mm256_mul_ps(_mm256_set1_ps(step),
+                       _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)))));
+}
+#endif
+
 struct GroupScales {
   at::ScalarType type = at::kFloat;
   const void* values = nullptr;
@@ -91,13 +100,8 @@ struct GroupScales {
       // a step at a time, its span 8 codes a vector: `step[i / span]` per vector was a 64-bit
       // division each 8 groups, which cost the int16 loops' one-row calls a tenth of their time
       if (span % 8 == 0)
-        for (int64_t s = 0; i + span <= total; ++s) {
-          const __m256 by = _mm256_set1_ps(step[s]);
-          for (const int64_t stop = i + span; i < stop; i += 8) {
-            const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i))));
-            _mm256_storeu_ps(dst + i, _mm256_mul_ps(by, c));
-          }
-        }
+        for (int64_t s = 0; i + span <= total; ++s)
+          for (const int64_t stop = i + span; i < stop; i += 8) _mm256_storeu_ps(dst + i, codes_times_step(codes + i, step[s]));
 #endif
       for (; i < total; i += span) {
         const float s = step[i / span];

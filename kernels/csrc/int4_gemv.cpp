@@ -680,9 +680,7 @@ inline void pass16(RowConstants<M, R>& c, const uint8_t* w, int64_t n, int64_t j
 template <int G>
 inline __m256 factored(const int8_t* codes, const float* steps, int64_t groups, int64_t supers, int r, int64_t g0) {
   if constexpr (G == 8) {
-    return _mm256_mul_ps(_mm256_set1_ps(steps[r * supers + g0 / 8]),
-                         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + r * groups + g0)))));
+    return radixserve::codes_times_step(codes + r * groups + g0, steps[r * supers + g0 / 8]);
   } else {
     int32_t four = 0;
     std::memcpy(&four, codes + r * groups + g0, 4);
