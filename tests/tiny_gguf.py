@@ -19,6 +19,27 @@ def tiny_vocab() -> list[str]:
     return specials + bytes_ + words
 
 
+def quantize_q6_k(array: np.ndarray) -> np.ndarray:
+    """Float weights [..., K] (K a multiple of 256) as llama.cpp's Q6_K blocks (gguf-py quantizes
+    no k-quant): per super-block of 256, codes 0..63 (the value less 32) as 128 bytes of low
+    nibbles and 64 of top bits, a signed 8-bit scale a group of 16, a float16 d. Each group's scale
+    fits its largest weight to 31 steps (llama.cpp searches; rounding-only is enough for tests)."""
+    shape = array.shape
+    x = array.astype(np.float32).reshape(-1, 16, 16)  # super-blocks x groups x weights
+    group = np.abs(x).max(-1) / 31
+    d = (group.max(-1) / 127).astype(np.float16)
+    step = d.astype(np.float32)[:, None]
+    scale = np.clip(np.rint(np.divide(group, step, out=np.zeros_like(group), where=step > 0)), -128, 127)
+    each = step * scale
+    q = np.clip(np.rint(np.divide(x, each[..., None], out=np.zeros_like(x), where=each[..., None] > 0)), -32, 31)
+    u = (q.reshape(-1, 2, 4, 32) + 32).astype(np.uint8)  # [super-block, half, run of 32, l]
+    low = np.concatenate([(u[:, :, 0] & 15) | (u[:, :, 2] & 15) << 4, (u[:, :, 1] & 15) | (u[:, :, 3] & 15) << 4], -1)
+    high = (u[:, :, 0] >> 4) | (u[:, :, 1] >> 4) << 2 | (u[:, :, 2] >> 4) << 4 | (u[:, :, 3] >> 4) << 6
+    blocks = np.concatenate([low.reshape(-1, 128), high.reshape(-1, 64), scale.astype(np.int8).view(np.uint8),
+                             d.view(np.uint8).reshape(-1, 2)], -1)
+    return blocks.reshape(*shape[:-1], shape[-1] // 256 * 210)
+
+
 FOUR_BIT_KINDS = {"attn_output": GGMLQuantizationType.Q4_0, "ffn_down": GGMLQuantizationType.Q4_1}
 MIXED_KINDS = {**FOUR_BIT_KINDS, **{name: GGMLQuantizationType.Q5_0 for name in ("attn_q", "attn_k", "ffn_gate", "ffn_up")}}
 
@@ -174,7 +195,7 @@ def write_gguf_from_hf(folder: Path, path: Path, arch: str,
         if kind is None or array.shape[-1] % GGML_QUANT_SIZES[kind][0]:
             writer.add_tensor(gguf_name, array)
             return
-        packed = quantize(array, kind)
+        packed = quantize_q6_k(array) if kind == GGMLQuantizationType.Q6_K else quantize(array, kind)
         writer.add_tensor(gguf_name, packed, raw_shape=packed.shape, raw_dtype=kind)
 
     if arch == "gpt-oss":

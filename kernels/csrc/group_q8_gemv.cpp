@@ -29,6 +29,7 @@
 #include "group_scales.h"
 #include "q8_panel.h"
 #include "row_count.h"
+#include "six_bit_codes.h"
 #include "vector_sum.h"
 #include "weight_prefetch.h"
 
@@ -40,6 +41,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -78,29 +80,45 @@ void quantize_rows(const at::Tensor& x, Q8Rows& a, int64_t begin, int64_t end) {
     }
 }
 
+// Where a super-block's codes start in a row, and its bytes: int8 codes (Six false) a byte a code,
+// six_bit_codes.h's 192 bytes a super-block (Six true).
+template <bool Six>
+constexpr int64_t kSuperBytes = Six ? radixserve::six_bits::kSuperBytes : kSuperBlock;
+template <bool Six>
+inline int64_t row_bytes(int64_t k) { return k / kSuperBlock * kSuperBytes<Six>; }
+
 #if RADIXSERVE_GROUP_Q8
-// Weight row j (codes wj [k], scale codes cj [k / 16], steps sj [supers]) against M activation
-// rows from m0; into out[(m0 + m) * n].
-template <int M, typename O>
-inline void row_q8(const int8_t* wj, const int8_t* cj, const float* sj, const Q8Rows& a, int64_t m0, O* out,
+// Run c (< 8) of a super-block's codes (from `super`) plus 32, as 32 unsigned bytes.
+template <bool Six>
+inline __m256i codes_plus_32(const uint8_t* super, int c) {
+  if constexpr (Six) {
+    return radixserve::six_bits::run(super, c);
+  } else {
+    return _mm256_add_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 32 * c)), _mm256_set1_epi8(32));
+  }
+}
+
+// Weight row j (codes wj, row_bytes<Six>(k) of them; scale codes cj [k / 16], steps sj [supers])
+// against M activation rows from m0; into out[(m0 + m) * n]. Six or not, the same integer sums.
+template <int M, bool Six, typename O>
+inline void row_q8(const uint8_t* wj, const int8_t* cj, const float* sj, const Q8Rows& a, int64_t m0, O* out,
                    int64_t n) {
   const int64_t k = a.k;
-  const __m256i offset = _mm256_set1_epi8(32);
   __m256 acc[M];
   RADIXSERVE_UNROLL
   for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t s = 0; s < a.supers; ++s) {
     // the stream asked for ahead, as group_gemv.cpp's: in the engine (real 1.5B, one stream,
     // alternated in one process) 83.8 against 89.6 ms a token without it
-    radixserve::prefetch_ahead<4>(reinterpret_cast<const uint8_t*>(wj + s * kSuperBlock));
+    const uint8_t* super = wj + s * kSuperBytes<Six>;
+    radixserve::prefetch_ahead<kSuperBytes<Six> / 64>(super);
     const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(cj + s * kSpan));
     __m256i sum[M];
     RADIXSERVE_UNROLL
     for (int m = 0; m < M; ++m) sum[m] = _mm256_setzero_si256();
     RADIXSERVE_UNROLL
     for (int c = 0; c < kSpan / 2; ++c) {  // 32 codes: groups 2c (the low 128 bits) and 2c + 1
-      const __m256i w = _mm256_add_epi8(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wj + s * kSuperBlock + 32 * c)), offset);
+      const __m256i w = codes_plus_32<Six>(super, c);
       // scale codes 2c and 2c + 1, each in 8 16-bit lanes
       const __m256i scale = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
           codes, _mm_set_epi64x(0x0101010101010101LL * (2 * c + 1), 0x0101010101010101LL * (2 * c))));
@@ -129,32 +147,39 @@ inline void row_q8(const int8_t* wj, const int8_t* cj, const float* sj, const Q8
 
 // Weight rows [begin, end) in blocks of about kBlockBytes (kept in the second-level cache), each
 // block against the activation rows four at a time (those in the first-level cache).
-template <typename O>
-void dot_rows(const int8_t* w, const int8_t* codes, const float* steps, int64_t n, int64_t begin, int64_t end,
+template <bool Six, typename O>
+void dot_rows(const uint8_t* w, const int8_t* codes, const float* steps, int64_t n, int64_t begin, int64_t end,
               const Q8Rows& a, int64_t rows, O* out) {
 #if RADIXSERVE_GROUP_Q8
-  const int64_t k = a.k, groups = k / kGroup, block = std::max<int64_t>(1, kBlockBytes / k);
+  const int64_t k = a.k, groups = k / kGroup, stride = row_bytes<Six>(k),
+                block = std::max<int64_t>(1, kBlockBytes / stride);
   for (int64_t b0 = begin; b0 < end; b0 += block) {
     const int64_t b1 = std::min(end, b0 + block);
     for (int64_t m0 = 0; m0 < rows; m0 += 4)
       radixserve::with_row_count<4>(std::min<int64_t>(4, rows - m0), [&](auto count) {
         constexpr int M = decltype(count)::value;
         for (int64_t j = b0; j < b1; ++j)
-          row_q8<M>(w + j * k, codes + j * groups, steps + j * a.supers, a, m0, out + j, n);
+          row_q8<M, Six>(w + j * stride, codes + j * groups, steps + j * a.supers, a, m0, out + j, n);
       });
   }
 #endif
 }
 
 // x [rows, K] @ (scale codes * steps * codes).T -> [rows, N] in x's dtype, x rounded to int8 per 256.
+// The codes: int8 [N, K], or six_bit_codes.h's uint8 [N, K / 256 * 192] (pack_six_bits), with the
+// same results bit for bit.
 at::Tensor group_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales,
                          const at::Tensor& scale_steps) {
   TORCH_CHECK(RADIXSERVE_GROUP_Q8, "group_gemv_q8: this CPU lacks AVX2 (group_gemv_q8_fast() is false)");
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "group_gemv_q8: x is a CPU [rows, K] float32 or bfloat16 tensor");
   TORCH_CHECK(x.size(1) % kSuperBlock == 0, "group_gemv_q8: K is a multiple of 256");
-  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kChar && w.size(1) == x.size(1),
-              "group_gemv_q8: codes are contiguous int8 [N, K] with K = x's width");
+  const bool six = w.scalar_type() == at::kByte;
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() &&
+                  (six ? w.size(1) == row_bytes<true>(x.size(1))
+                       : w.scalar_type() == at::kChar && w.size(1) == x.size(1)),
+              "group_gemv_q8: codes are contiguous int8 [N, K] with K = x's width, or six bits a code "
+              "(uint8 [N, K / 256 * 192])");
   const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
   const auto sg = radixserve::GroupScales::of(scales, scale_steps, n, k / kGroup, "group_gemv_q8");
   TORCH_CHECK(sg.type == at::kChar && sg.span == kSpan,
@@ -166,7 +191,7 @@ at::Tensor group_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Ten
   a.scale.resize(rows * a.supers);
   a.sums.resize(rows * (k / kGroup));
   at::Tensor out = at::empty({rows, n}, x.options());
-  const int8_t* wp = w.data_ptr<int8_t>();
+  const uint8_t* wp = static_cast<const uint8_t*>(w.data_ptr());
   const int8_t* cp = static_cast<const int8_t*>(sg.values);
   const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / k);  // small layers stay on one thread
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "group_gemv_q8", [&] {
@@ -181,14 +206,60 @@ at::Tensor group_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Ten
         for (int64_t m = begin; m < end; ++m) panel::codes::offsets(a.q.data() + m * k, k, offsets.data() + m * (k / kGroup));
       });
       at::parallel_for(0, (n + panel::kCols - 1) / panel::kCols, 1, [&](int64_t begin, int64_t end) {
-        panel::codes::products(wp, cp, sg.steps, n, k, begin, end, a.q.data(), a.scale.data(), offsets.data(), rows, op);
+        if (six)
+          panel::codes::products<true>(wp, cp, sg.steps, n, k, begin, end, a.q.data(), a.scale.data(), offsets.data(), rows, op);
+        else
+          panel::codes::products<false>(wp, cp, sg.steps, n, k, begin, end, a.q.data(), a.scale.data(), offsets.data(), rows, op);
       });
       return;
     }
 #endif
     at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-      dot_rows(wp, cp, sg.steps, n, begin, end, a, rows, op);
+      if (six)
+        dot_rows<true>(wp, cp, sg.steps, n, begin, end, a, rows, op);
+      else
+        dot_rows<false>(wp, cp, sg.steps, n, begin, end, a, rows, op);
     });
+  });
+  return out;
+}
+
+// codes int8 [N, K] in [-32, 31], K a multiple of 256 -> six_bit_codes.h's layout, uint8 [N, K / 256 * 192].
+at::Tensor pack_six_bits(const at::Tensor& codes) {
+  TORCH_CHECK(codes.dim() == 2 && codes.is_contiguous() && codes.scalar_type() == at::kChar &&
+                  codes.size(1) % kSuperBlock == 0,
+              "pack_six_bits: codes are contiguous int8 [N, K], K a multiple of 256");
+  const int64_t n = codes.size(0), k = codes.size(1), stride = row_bytes<true>(k);
+  at::Tensor out = at::zeros({n, stride}, codes.options().dtype(at::kByte));
+  const int8_t* in = codes.data_ptr<int8_t>();
+  uint8_t* o = out.data_ptr<uint8_t>();
+  std::atomic<bool> in_range{true};
+  at::parallel_for(0, n, std::max<int64_t>(1, (int64_t{1} << 16) / k), [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row)
+      for (int64_t i = 0; i < k; ++i) {
+        const int u = in[row * k + i] + 32;
+        if (u < 0 || u > 63) in_range = false;
+        radixserve::six_bits::set_code(o + row * stride, i, u & 63);
+      }
+  });
+  TORCH_CHECK(in_range.load(), "pack_six_bits: codes must lie in [-32, 31]");
+  return out;
+}
+
+// pack_six_bits' layout [N, K / 256 * 192] -> the int8 codes [N, K] (for dequantized rows).
+at::Tensor unpack_six_bits(const at::Tensor& packed, int64_t k) {
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && k % kSuperBlock == 0 &&
+                  packed.size(1) == row_bytes<true>(k),
+              "unpack_six_bits: packed is uint8 [N, K / 256 * 192], K a multiple of 256");
+  const at::Tensor rows = packed.contiguous();
+  const int64_t n = rows.size(0), stride = row_bytes<true>(k);
+  at::Tensor out = at::empty({n, k}, rows.options().dtype(at::kChar));
+  const uint8_t* in = rows.data_ptr<uint8_t>();
+  int8_t* o = out.data_ptr<int8_t>();
+  at::parallel_for(0, n, std::max<int64_t>(1, (int64_t{1} << 16) / k), [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row)
+      for (int64_t i = 0; i < k; ++i)
+        o[row * k + i] = static_cast<int8_t>(radixserve::six_bits::code_at(in + row * stride, i) - 32);
   });
   return out;
 }
@@ -200,4 +271,6 @@ bool group_gemv_q8_fast() { return RADIXSERVE_GROUP_Q8 != 0; }
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.def("group_gemv_q8(Tensor x, Tensor w, Tensor scales, Tensor scale_steps) -> Tensor", group_gemv_q8);
   m.def("group_gemv_q8_fast() -> bool", group_gemv_q8_fast);
+  m.def("pack_six_bits(Tensor codes) -> Tensor", pack_six_bits);
+  m.def("unpack_six_bits(Tensor packed, int k) -> Tensor", unpack_six_bits);
 }

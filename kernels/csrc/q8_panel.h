@@ -50,6 +50,7 @@
 #include "group_scales.h"
 #include "int4_blocks.h"
 #include "row_count.h"
+#include "six_bit_codes.h"
 
 namespace radixserve::q8panel {
 
@@ -247,39 +248,50 @@ constexpr int64_t kGroup = 16;
 constexpr int64_t kQuads = 4;   // quads a group
 constexpr int64_t kSpan = 16;   // groups a super-block
 
-// Rows j0.. (count; the rest zeros, whose sums are never written) of int8 codes w [n, k] ->
-// panel[kq * 16 + c]: row c's codes 4kq..4kq + 3 plus 32, as 4 bytes. 8 rows x 8 quads at a time
-// by an 8 x 8 transpose of 32-bit lanes.
-inline void lay_out_panel(const int8_t* w, int64_t k, int64_t j0, int64_t count, uint32_t* panel) {
+// Rows j0.. (count; the rest zeros, whose sums are never written) of codes w -> panel[kq * 16 + c]:
+// row c's codes 4kq..4kq + 3 plus 32, as 4 bytes. 8 rows x 8 quads at a time by an 8 x 8
+// transpose of 32-bit lanes. The codes: int8 [n, k] (Six false), or six_bit_codes.h's layout,
+// six_bits::row_bytes(k) a row (Six true): the same panel.
+template <bool Six>
+inline void lay_out_panel(const uint8_t* w, int64_t k, int64_t j0, int64_t count, uint32_t* panel) {
   const __m256i offset = _mm256_set1_epi8(32);
+  const int64_t stride = Six ? six_bits::row_bytes(k) : k;
+  const int64_t super_bytes = Six ? six_bits::kSuperBytes : 256;
+  // a super-block's run c (the loop below unrolls c, so the six-bit unpacking's shifts are fixed)
+  const auto codes_plus_32 = [&](int64_t row, int64_t s, int c) {
+    const uint8_t* super = w + (j0 + row) * stride + s * super_bytes;
+    if constexpr (Six) return six_bits::run(super, c);
+    else return _mm256_add_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 32 * c)), offset);
+  };
   for (int64_t half = 0; half < 2; ++half)
-    for (int64_t i = 0; i < k; i += 32) {
-      __m256i r[8], t[8], u[8];
+    for (int64_t s = 0; s < k / 256; ++s)
 #pragma GCC unroll 8
-      for (int c = 0; c < 8; ++c) {
-        const int64_t row = 8 * half + c;
-        r[c] = row < count ? _mm256_add_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (j0 + row) * k + i)), offset)
-                           : _mm256_setzero_si256();
-      }
+      for (int run = 0; run < 8; ++run) {
+        __m256i r[8], t[8], u[8];
 #pragma GCC unroll 8
-      for (int c = 0; c < 8; c += 2) {
-        t[c] = _mm256_unpacklo_epi32(r[c], r[c + 1]);
-        t[c + 1] = _mm256_unpackhi_epi32(r[c], r[c + 1]);
-      }
+        for (int c = 0; c < 8; ++c) {
+          const int64_t row = 8 * half + c;
+          r[c] = row < count ? codes_plus_32(row, s, run) : _mm256_setzero_si256();
+        }
 #pragma GCC unroll 8
-      for (int q = 0; q < 8; q += 4) {
-        u[q] = _mm256_unpacklo_epi64(t[q], t[q + 2]);
-        u[q + 1] = _mm256_unpackhi_epi64(t[q], t[q + 2]);
-        u[q + 2] = _mm256_unpacklo_epi64(t[q + 1], t[q + 3]);
-        u[q + 3] = _mm256_unpackhi_epi64(t[q + 1], t[q + 3]);
-      }
-      uint32_t* at = panel + (i / 4) * kCols + 8 * half;
+        for (int c = 0; c < 8; c += 2) {
+          t[c] = _mm256_unpacklo_epi32(r[c], r[c + 1]);
+          t[c + 1] = _mm256_unpackhi_epi32(r[c], r[c + 1]);
+        }
+#pragma GCC unroll 8
+        for (int q = 0; q < 8; q += 4) {
+          u[q] = _mm256_unpacklo_epi64(t[q], t[q + 2]);
+          u[q + 1] = _mm256_unpackhi_epi64(t[q], t[q + 2]);
+          u[q + 2] = _mm256_unpacklo_epi64(t[q + 1], t[q + 3]);
+          u[q + 3] = _mm256_unpackhi_epi64(t[q + 1], t[q + 3]);
+        }
+        uint32_t* at = panel + (s * 256 + 32 * run) / 4 * kCols + 8 * half;
 #pragma GCC unroll 4
-      for (int q = 0; q < 4; ++q) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + q * kCols), _mm256_permute2x128_si256(u[q], u[q + 4], 0x20));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + (q + 4) * kCols), _mm256_permute2x128_si256(u[q], u[q + 4], 0x31));
+        for (int q = 0; q < 4; ++q) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + q * kCols), _mm256_permute2x128_si256(u[q], u[q + 4], 0x20));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + (q + 4) * kCols), _mm256_permute2x128_si256(u[q], u[q + 4], 0x31));
+        }
       }
-    }
 }
 
 // An activation row's offsets to take back, a group at a time: -32 x the sums of its activations
@@ -296,18 +308,18 @@ inline void offsets(const int8_t* q, int64_t k, int32_t* out) {
   }
 }
 
-// Weight rows [16 * begin, 16 * end) of codes w [n, k] (scale codes [n, groups], steps
-// [n, supers]) against all `rows` activation rows (xq [rows, k] in order, xscale [rows, supers],
-// xoff [rows, groups] from offsets()), a panel at a time. out[m * n + j].
-template <typename O>
-void products(const int8_t* w, const int8_t* scale_codes, const float* steps, int64_t n, int64_t k, int64_t begin,
+// Weight rows [16 * begin, 16 * end) of codes w (as lay_out_panel<Six> reads them; scale codes
+// [n, groups], steps [n, supers]) against all `rows` activation rows (xq [rows, k] in order, xscale
+// [rows, supers], xoff [rows, groups] from offsets()), a panel at a time. out[m * n + j].
+template <bool Six, typename O>
+void products(const uint8_t* w, const int8_t* scale_codes, const float* steps, int64_t n, int64_t k, int64_t begin,
               int64_t end, const int8_t* xq, const float* xscale, const int32_t* xoff, int64_t rows, O* out) {
   const int64_t groups = k / kGroup, supers = groups / kSpan;
   std::vector<uint32_t, CacheLineAllocator<uint32_t>> panel(k / 4 * kCols);
   PanelScales ps(groups, kSpan);
   const auto offset = [](int64_t g, int q) { return g * kGroup + 4 * q; };
   over_panels(n, begin, end, rows, [&](int64_t j0, int64_t count) {
-    lay_out_panel(w, k, j0, count, panel.data());
+    lay_out_panel<Six>(w, k, j0, count, panel.data());
     ps.load(scale_codes, steps, j0, count, groups, kSpan);
   }, [&](auto rows_now, int64_t m0, int64_t j0, int64_t count) {
     constexpr int M = decltype(rows_now)::value;

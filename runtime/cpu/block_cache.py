@@ -4,7 +4,8 @@ Building a GGUF's block layers (runtime/cpu/block_linear.py) decodes the file's 
 them into the layouts the kernels read: on one core, 15 of a 7B Q4_K_M's 24 s of start-up (the
 4-bit codes' quads, k-quant scales factored into a byte a group, 6-bit codes packed). The result
 depends only on the file, the activations' dtype and this machine's kernels, so the first start
-writes it to `blocks-<key>.st` in the converted folder, and every later start maps that file and
+writes it to `blocks-<key>.st` in the converted folder (`blocks-q8-<key>.st` with
+`--int8-activations`, whose layouts differ), and every later start maps that file and
 serves the tensors from its pages, as llama.cpp serves its own file: nothing is decoded, repacked
 or copied, and the pages are shared with the page cache (they count in the RSS once touched, as
 the built tensors did).
@@ -58,9 +59,12 @@ class BlockStore:
     """Block weights by layer key: read from the kept file where it has them, else built (and the
     file written once the model is built: `finish`)."""
 
-    def __init__(self, folder: Path, dtype: torch.dtype) -> None:
+    def __init__(self, folder: Path, dtype: torch.dtype, int8_activations: bool = False) -> None:
         self.folder = folder
-        self.path = folder / f"blocks-{cache_key(dtype)}.st"
+        # `--int8-activations` keeps its own file beside the default's (its Q6_K codes are held at six
+        # bits: block_weights.Int8Blocks.use_int8_activations), so either start maps what it serves
+        self.prefix = "blocks-q8-" if int8_activations else "blocks-"
+        self.path = folder / f"{self.prefix}{cache_key(dtype)}.st"
         self._index: dict[str, list[Part]] = {}
         self._handle = None
         self._layers: dict[str, list[BlockWeight]] = {}
@@ -107,8 +111,8 @@ class BlockStore:
             logger.warning("gguf: could not keep the block layers in %s (%s); they are built at every start",
                            self.path, error)
             return
-        for stale in self.folder.glob("blocks-*.st"):  # another dtype's, or an earlier build's
-            if stale != self.path:
+        for stale in self.folder.glob(f"{self.prefix}*.st"):  # another dtype's, or an earlier build's
+            if stale != self.path and stale.name.startswith("blocks-q8-") == self.path.name.startswith("blocks-q8-"):
                 stale.unlink(missing_ok=True)
         for partial in self.folder.glob("blocks-*.partial"):  # a killed first start's, an hour old
             with contextlib.suppress(OSError):

@@ -187,7 +187,7 @@ def round_activations_to_int8(model: nn.Module) -> int:
     int8; returns how many."""
     parts = [p for p in block_parts(model) if isinstance(p, (Int4Blocks, Int8Blocks)) and p.sums_in_integers()]
     for part in parts:
-        part.int8_activations = True
+        part.use_int8_activations()
     return len(parts)
 
 

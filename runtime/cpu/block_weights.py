@@ -161,7 +161,11 @@ class KernelRows:
 
 
 class Int8Blocks(KernelRows):
-    """w[n, k] = scales[n, k // group] * codes[n, k] (scales in compact_scales' form)."""
+    """w[n, k] = scales[n, k // group] * codes[n, k] (scales in compact_scales' form). The codes
+    are int8 [N, K], or, once the layer sums int8 activations (use_int8_activations), Q6_K's
+    held at six bits a code (uint8 [N, K / 256 * 192], kernels/csrc/six_bit_codes.h), which the
+    int8-activation kernel reads with the same results: a one-stream step streams 0.75 bytes a
+    weight of them, not 1."""
 
     wide_itself = False
     panel_kernel = True
@@ -175,7 +179,7 @@ class Int8Blocks(KernelRows):
         self.shape, self.group = groups.shape, groups.group
 
     def few(self, x: torch.Tensor) -> torch.Tensor:
-        if self.int8_activations:
+        if self.int8_activations:  # either form of the codes
             return ops().group_gemv_q8(x, self.codes, self.scales, self.steps)  # type: ignore[union-attr]
         return ops().group_gemv(x, self.codes, self.scales, self.group, self.steps, rounds_to_int16(self))  # type: ignore[union-attr]
 
@@ -187,13 +191,29 @@ class Int8Blocks(KernelRows):
         return (self.group == 16 and steps is not None and steps.shape[1] * SUPER_BLOCK == self.shape[1]
                 and bool(ops().group_gemv_q8_fast()))  # type: ignore[union-attr]
 
+    def use_int8_activations(self) -> None:
+        """Sum int8 activations from now on (sums_in_integers() must hold), the codes repacked at
+        six bits where they fit (Q6_K's always do: [-32, 31])."""
+        self.int8_activations = True
+        if self.codes.dtype != torch.int8:
+            return  # at six bits already
+        low, high = torch.aminmax(self.codes)
+        if int(low) >= -32 and int(high) <= 31:
+            self.codes = ops().pack_six_bits(self.codes)  # type: ignore[union-attr]
+
+    def int8_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """Rows of self.codes as int8 [rows, K], whichever form they are held in."""
+        if codes.dtype == torch.int8:
+            return codes
+        return ops().unpack_six_bits(codes, self.shape[1])  # type: ignore[union-attr]
+
     def dequantize(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
-        return ops().dequant_int8_groups(self.codes[start:stop], self.scales[start:stop], self.group, dtype,  # type: ignore[union-attr]
-                                         _rows_of(self.steps, start, stop))
+        return ops().dequant_int8_groups(self.int8_codes(self.codes[start:stop]), self.scales[start:stop],  # type: ignore[union-attr]
+                                         self.group, dtype, _rows_of(self.steps, start, stop))
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return ops().dequant_int8_groups(self.codes.index_select(0, ids), self.scales.index_select(0, ids),  # type: ignore[union-attr]
-                                         self.group, dtype, _pick(self.steps, ids))
+        return ops().dequant_int8_groups(self.int8_codes(self.codes.index_select(0, ids)),  # type: ignore[union-attr]
+                                         self.scales.index_select(0, ids), self.group, dtype, _pick(self.steps, ids))
 
     def nbytes(self) -> int:
         return _nbytes(self.codes, self.scales, self.steps)
@@ -292,6 +312,10 @@ class Int4Blocks(KernelRows):
             return ops().int4_gemv_q8(x, self.packed, self.scales, self.scale_steps, self.lows, self.low_steps)  # type: ignore[union-attr]
         return ops().int4_gemv(x, self.packed, self.scales, self.lows, self.scale_steps, self.low_steps,  # type: ignore[union-attr]
                                rounds_to_int16(self))
+
+    def use_int8_activations(self) -> None:
+        """Sum int8 activations from now on (sums_in_integers() must hold)."""
+        self.int8_activations = True
 
     def sums_in_integers(self) -> bool:
         """Whether products can round the activations to int8 and sum in integers

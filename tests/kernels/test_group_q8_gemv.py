@@ -5,8 +5,8 @@ int8 per super-block, summed in integers.
 Checked against the same arithmetic in float64 (each super-block's activations scaled to +-127 and
 rounded half to even, the codes times their groups' scales); a row's bits are the same alone and in
 any batch; `--int8-activations` (round_activations_to_int8) turns it on for Q6_K-scaled layers
-only (Q8_0's float16 scales have no integer codes); bad input is refused with a message. Skips
-where the CPU lacks AVX2.
+only (Q8_0's float16 scales have no integer codes), their codes then held at six bits with the same
+results; bad input is refused with a message. Skips where the CPU lacks AVX2.
 """
 
 from __future__ import annotations
@@ -101,6 +101,42 @@ def test_int8_activations_are_opt_in_and_for_q6_k_scales_only() -> None:
     assert torch.equal(model[0](x), call(x, codes, scales))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_six_bit_codes_give_the_same_bits_as_int8_ones(dtype: torch.dtype) -> None:
+    """Q6_K's codes held at six bits (kernels/csrc/six_bit_codes.h, 192 bytes a super-block) read
+    by the few-row loop and the panel loop: the same integer sums, so the same results bit for bit."""
+    n, k = 40, 1280  # 5 super-blocks; past PANEL_ROWS rows, panels of 16, 16 and 8 weight rows
+    codes, scales = q6k(n, k, seed=11)
+    codes[0, :5] = torch.tensor([-32, 31, 0, -1, 1], dtype=torch.int8)  # both ends of the range
+    six = ops().pack_six_bits(codes)
+    assert six.dtype == torch.uint8 and six.shape == (n, k // 256 * 192)
+    assert torch.equal(ops().unpack_six_bits(six, k), codes)
+    assert torch.equal(ops().unpack_six_bits(six[7:9], k), codes[7:9])
+    sc, steps = compact_scales(scales, 16)
+    x = torch.randn(37, k, generator=torch.Generator().manual_seed(12)).to(dtype)
+    for rows in (1, 2, 3, 4, 5, 7, PANEL_ROWS or 8, 17, 37):
+        assert torch.equal(ops().group_gemv_q8(x[:rows], six, sc, steps), ops().group_gemv_q8(x[:rows], codes, sc, steps))
+
+
+def test_int8_activations_hold_q6_k_codes_at_six_bits() -> None:
+    """round_activations_to_int8 repacks a Q6_K layer's codes at six bits (0.75 of the bytes); its
+    products, dequantized rows and looked-up rows are those of the int8 codes."""
+    codes, scales = q6k(48, 768, seed=13)
+    weight, kept = Int8Blocks(Int8Groups(codes, scales)), Int8Blocks(Int8Groups(codes, scales))
+    kept.int8_activations = True  # the int8 codes, as before
+    before = weight.nbytes()
+    assert round_activations_to_int8(nn.Sequential(BlockLinear([weight], None))) == 1
+    assert weight.codes.dtype == torch.uint8 and weight.nbytes() == before - 48 * 768 // 4
+    x = torch.randn(20, 768)
+    for rows in (1, 3, 20):
+        assert torch.equal(weight.few(x[:rows]), kept.few(x[:rows]))
+    assert torch.equal(weight.dequantize(4, 12, torch.float32), kept.dequantize(4, 12, torch.float32))
+    ids = torch.tensor([0, 47, 5, 5])
+    assert torch.equal(weight.rows(ids, torch.bfloat16), kept.rows(ids, torch.bfloat16))
+    weight.use_int8_activations()  # again: already at six bits
+    assert weight.codes.dtype == torch.uint8
+
+
 @pytest.mark.parametrize("bad, message", [
     (lambda x, w, sc, ss: (x[:, :128], w[:, :128], sc[:, :8], ss[:, :1]), "multiple of 256"),
     (lambda x, w, sc, ss: (x, w, sc.float(), ss), "steps go with int8"),
@@ -112,3 +148,17 @@ def test_bad_input_is_refused(bad, message: str) -> None:  # noqa: ANN001
     sc, ss = compact_scales(scales, 16)
     with pytest.raises(RuntimeError, match=message):
         ops().group_gemv_q8(*bad(torch.randn(1, 256), codes, sc, ss))
+
+
+def test_six_bit_codes_out_of_range_or_misshapen_are_refused() -> None:
+    codes, scales = q6k(8, 512)
+    with pytest.raises(RuntimeError, match=r"\[-32, 31\]"):
+        ops().pack_six_bits(codes * 2)
+    with pytest.raises(RuntimeError, match="multiple of 256"):
+        ops().pack_six_bits(codes[:, :128].contiguous())
+    sc, ss = compact_scales(scales, 16)
+    six = ops().pack_six_bits(codes)
+    with pytest.raises(RuntimeError, match="six bits a code"):
+        ops().group_gemv_q8(torch.randn(1, 512), six[:, :200].contiguous(), sc, ss)
+    with pytest.raises(RuntimeError, match="uint8 \\[N, K / 256 \\* 192\\]"):
+        ops().unpack_six_bits(six, 768)
