@@ -224,8 +224,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.prepare_only:
         for row in args.rows:
             _, path, _ = row_file(row)
-            if "radixserve" in args.systems or INT8 in args.systems:
-                prepare("radixserve", path)
+            for system in args.systems:
+                if system in ("radixserve", INT8):  # each keeps its own block layers (block_cache.py)
+                    prepare(system, path)
         return {}
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     report: dict = {"cpu": cpu_name(), "date": date, "commit": commit, "trials": args.trials,
