@@ -67,6 +67,10 @@ constexpr int64_t kSpan = kSuper / kGroup;   // groups a step covers
 
 // The activations of one call, quantized once and read by every weight row.
 struct Q8Activations {
+  Q8Activations(int64_t rows, int64_t width)
+      : k(width), groups(width / kGroup), supers(width / kSuper), q(rows * width + 64, 0), scale(rows * supers),
+        sums(rows * groups) {}
+
   int64_t k = 0, groups = 0, supers = 0;
   std::vector<int8_t> q;       // [M, k] in the tiles' order (q8_at), then 64 bytes the loops may overread
   std::vector<float> scale;    // [M, supers] what an int8 step is worth
@@ -500,13 +504,7 @@ at::Tensor int4_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tens
   TORCH_CHECK(sg.type == at::kChar && sg.span == kSpan,
               "int4_gemv_q8: scales are int8 codes with a float32 step per 8 groups (a k-quant's)");
   const auto lg = radixserve::GroupScales::of(lows, low_steps, n, k / kGroup, "int4_gemv_q8 lows");
-  Q8Activations a;
-  a.k = k;
-  a.groups = k / kGroup;
-  a.supers = k / kSuper;
-  a.q.assign(rows * k + 64, 0);
-  a.scale.resize(rows * a.supers);
-  a.sums.resize(rows * a.groups);
+  Q8Activations a(rows, k);
   // AVX2: always (one stream of the real 1.5B, alternated in one process: 77.2 against 83.8 ms a
   // token with the 1536-wide layers' stream left to the hardware); AVX-512: where the activations
   // spill (weight_prefetch.h)
@@ -582,13 +580,7 @@ at::Tensor int4_gemv_q8_experts(const at::Tensor& x, at::TensorList w, at::Tenso
                     lg.back().span == kSpan,
                 "int4_gemv_q8_experts: scales and lows are int8 codes with a float32 step per 8 groups (a k-quant's)");
   }
-  Q8Activations a;
-  a.k = k;
-  a.groups = k / kGroup;
-  a.supers = k / kSuper;
-  a.q.assign(rows * k + 64, 0);
-  a.scale.resize(rows * a.supers);
-  a.sums.resize(rows * a.groups);
+  Q8Activations a(rows, k);
   at::Tensor out = at::empty({experts, n}, x.options());
 #if RADIXSERVE_INT4_Q8 == 256
   const int64_t quads = n / kQuad, grain = std::max<int64_t>(4, (int64_t{1} << 15) / k);
