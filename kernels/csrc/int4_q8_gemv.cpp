@@ -376,12 +376,13 @@ constexpr int64_t kBlockBytes = int64_t{128} << 10;
 
 template <typename O>
 void dot_quads256(const uint8_t* w, const radixserve::GroupScales& scales, const radixserve::GroupScales& lows,
-                  int64_t n, int64_t begin, int64_t end, const Q8Activations& a, int64_t rows, O* out) {
+                  int64_t n, int64_t begin, int64_t end, const Q8Activations& a, int64_t rows, O* out,
+                  int64_t first = 0) {  // activation (and output) rows first..first + rows
   const int64_t block = std::max<int64_t>(1, kBlockBytes / (kQuad * a.k / 2));
   for (int64_t q0 = begin; q0 < end; q0 += block) {
     const int64_t q1 = std::min(end, q0 + block);
-    for (int64_t m0 = 0; m0 < rows; m0 += 4)
-      radixserve::with_row_count<4>(std::min<int64_t>(4, rows - m0), [&](auto count) {
+    for (int64_t m0 = first; m0 < first + rows; m0 += 4)
+      radixserve::with_row_count<4>(std::min<int64_t>(4, first + rows - m0), [&](auto count) {
         constexpr int M = decltype(count)::value;
         constexpr int R = M == 1 ? 4 : M == 2 ? 2 : 1;
         RowsQ8<M, R> c(a.groups, a.supers);
@@ -550,23 +551,30 @@ at::Tensor int4_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tens
   return out;
 }
 
-// A mixture of experts' step for one token: E experts' weights (w[e] etc., each as int4_gemv_q8
-// takes them, [N, K] alike, lows factored) against one activation row each (x [E, K]) or one row
-// they share (x [1, K]) -> [E, N], each expert's row exactly int4_gemv_q8's for that row alone (the
-// one-row loop). One rounding of the activations and one parallel region spreading all experts'
-// rows over the threads, where a call an expert took a thread wake-up, a rounding and the Python
-// around it each (the 30B-A3B shape's 8 experts a layer: 10.5 ms a token of kernels, 13 with the
-// Python, for 130 MB of codes). AVX2 builds (int4_gemv_q8_experts_fast()).
-at::Tensor int4_gemv_q8_experts(const at::Tensor& x, at::TensorList w, at::TensorList scales,
+// A mixture of experts' products in one call: x [R, K] holds the routed rows grouped by expert
+// (expert e's counts[e] rows after the experts before it, as StackedExperts.forward_loop lays them
+// out), w[e] etc. each expert's weight as int4_gemv_q8 takes it ([N, K] alike, lows factored);
+// -> [R, N], each expert's rows exactly what int4_gemv_q8 gives for them alone (the same loop for
+// the same row count: one row, a few, or the panel). One rounding of the activations and one
+// parallel region spreading every expert's work over the threads, where a call an expert took a
+// thread wake-up, a rounding and the Python around it (the 30B-A3B shape's 8 experts a token and
+// layer: 10.5 ms a token of kernels and 2.5 of Python for 130 MB of codes, one stream). AVX2
+// builds (int4_gemv_q8_experts_fast()).
+at::Tensor int4_gemv_q8_experts(const at::Tensor& x, at::IntArrayRef counts, at::TensorList w, at::TensorList scales,
                                 at::TensorList scale_steps, at::TensorList lows, at::TensorList low_steps) {
   TORCH_CHECK(RADIXSERVE_INT4_Q8 == 256, "int4_gemv_q8_experts: AVX2 builds only (int4_gemv_q8_experts_fast())");
   const int64_t experts = static_cast<int64_t>(w.size());
-  TORCH_CHECK(experts > 0 && scales.size() == w.size() && scale_steps.size() == w.size() && lows.size() == w.size() &&
-                  low_steps.size() == w.size(),
-              "int4_gemv_q8_experts: as many weights, scales, scale steps, lows and low steps (at least one)");
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && (x.size(0) == 1 || x.size(0) == experts) &&
+  TORCH_CHECK(experts > 0 && static_cast<int64_t>(counts.size()) == experts && scales.size() == w.size() &&
+                  scale_steps.size() == w.size() && lows.size() == w.size() && low_steps.size() == w.size(),
+              "int4_gemv_q8_experts: as many counts, weights, scales, scale steps, lows and low steps (at least one)");
+  int64_t total = 0;
+  for (const int64_t c : counts) {
+    TORCH_CHECK(c > 0, "int4_gemv_q8_experts: every count is at least 1");
+    total += c;
+  }
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.size(0) == total &&
                   (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-              "int4_gemv_q8_experts: x is a CPU [1 or experts, K] float32 or bfloat16 tensor");
+              "int4_gemv_q8_experts: x is a CPU [sum(counts), K] float32 or bfloat16 tensor");
   TORCH_CHECK(x.size(1) % kSuper == 0, "int4_gemv_q8_experts: K is a multiple of 256");
   const int64_t rows = x.size(0), k = x.size(1), n = w[0].size(0);
   std::vector<radixserve::GroupScales> sg, lg;
@@ -581,16 +589,36 @@ at::Tensor int4_gemv_q8_experts(const at::Tensor& x, at::TensorList w, at::Tenso
                 "int4_gemv_q8_experts: scales and lows are int8 codes with a float32 step per 8 groups (a k-quant's)");
   }
   Q8Activations a(rows, k);
-  at::Tensor out = at::empty({experts, n}, x.options());
+  a.prefetch = true;  // as int4_gemv_q8's on AVX2
+  at::Tensor out = at::empty({rows, n}, x.options());
 #if RADIXSERVE_INT4_Q8 == 256
-  const int64_t quads = n / kQuad, grain = std::max<int64_t>(4, (int64_t{1} << 15) / k);
+  namespace panel = radixserve::q8panel;
+  // each expert's work in units its loop splits by (weight-row quads; the panel's 16 rows), and
+  // where its rows and units start
+  std::vector<int64_t> first(experts + 1, 0), unit(experts + 1, 0);
+  for (int64_t e = 0; e < experts; ++e) {
+    first[e + 1] = first[e] + counts[e];
+    unit[e + 1] = unit[e] + (counts[e] >= panel::rows_from() ? (n + panel::kCols - 1) / panel::kCols : n / kQuad);
+  }
+  std::vector<int64_t> quads(a.groups * panel::kQuads);
+  for (int64_t g = 0; g < a.groups; ++g)
+    for (int64_t q = 0; q < panel::kQuads; ++q) quads[g * panel::kQuads + q] = panel::quad_at(a.groups, g, q);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int4_gemv_q8_experts", [&] {
-    quantize_rows<scalar_t>(x, a, 0, rows);
+    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) { quantize_rows<scalar_t>(x, a, begin, end); });
     scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, experts * quads, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t e = begin / quads; e < experts && e * quads < end; ++e) {
-        const int64_t from = std::max(begin, e * quads) - e * quads, to = std::min(end, (e + 1) * quads) - e * quads;
-        one_row256(w[e].data_ptr<uint8_t>(), sg[e], lg[e], from, to, a, op + e * n, rows == 1 ? 0 : e);
+    at::parallel_for(0, unit[experts], 1, [&](int64_t begin, int64_t end) {
+      for (int64_t e = std::upper_bound(unit.begin(), unit.end(), begin) - unit.begin() - 1; e < experts && unit[e] < end;
+           ++e) {
+        const int64_t from = std::max(begin, unit[e]) - unit[e], to = std::min(end, unit[e + 1]) - unit[e];
+        const uint8_t* wp = w[e].data_ptr<uint8_t>();
+        const int64_t m = first[e], count = counts[e];
+        if (count >= panel::rows_from())
+          panel::products(wp, sg[e], lg[e], n, k, from, to, a.q.data() + m * k, a.scale.data() + m * a.supers,
+                          a.sums.data() + m * a.groups, quads.data(), count, op + m * n);
+        else if (count == 1)
+          one_row256(wp, sg[e], lg[e], from, to, a, op + m * n, m);
+        else
+          dot_quads256(wp, sg[e], lg[e], n, from, to, a, count, op, m);
       }
     });
   });
@@ -618,8 +646,8 @@ TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.def("int4_gemv_q8(Tensor x, Tensor w, Tensor scales, Tensor scale_steps, Tensor lows, Tensor? low_steps=None) -> Tensor",
         int4_gemv_q8);
   m.def("int4_gemv_q8_fast() -> bool", int4_gemv_q8_fast);
-  m.def("int4_gemv_q8_experts(Tensor x, Tensor[] w, Tensor[] scales, Tensor[] scale_steps, Tensor[] lows, "
-        "Tensor[] low_steps) -> Tensor", int4_gemv_q8_experts);
+  m.def("int4_gemv_q8_experts(Tensor x, int[] counts, Tensor[] w, Tensor[] scales, Tensor[] scale_steps, "
+        "Tensor[] lows, Tensor[] low_steps) -> Tensor", int4_gemv_q8_experts);
   m.def("int4_gemv_q8_experts_fast() -> bool", int4_gemv_q8_experts_fast);
   m.def("int4_gemv_q8_panel_rows() -> int", int4_gemv_q8_panel_rows);
 }

@@ -6,8 +6,8 @@ converter keeps each expert's matrix as its codes under the Hugging Face per-exp
 joined, then down; runtime/cpu/block_linear.py) in place of runtime/layers/moe.py's stacked
 tensors, and the routing and grouping stay those of StackedExperts: an expert runs only on the
 rows routed to it, from its codes (a decode step's expert sees a row or two: the few-row kernels),
-so a 30B mixture with 3B active weights reads about 3B weights' codes a token. A one-token step
-with `--int8-activations` takes each projection of all its experts in one kernel call
+so a 30B mixture with 3B active weights reads about 3B weights' codes a token. With
+`--int8-activations`, each projection of all the routed experts is one kernel call
 (int4_gemv_q8_experts), with the loop's result bit for bit.
 """
 
@@ -24,7 +24,7 @@ from kernels.cpu_ops import ops
 from runtime.cpu.block_cache import BlockStore
 from runtime.cpu.block_linear import BlockLinear, Groups, built_weights, merge_parts
 from runtime.cpu.block_weights import Int4Blocks, block_weight
-from runtime.layers.moe import Routing, StackedExperts
+from runtime.layers.moe import Routing, StackedExperts, group_by_expert
 from runtime.loading.gguf_groups import expert_weight_name
 
 
@@ -40,28 +40,25 @@ class BlockExperts(nn.Module):
     forward_loop = StackedExperts.forward_loop  # the host loop: `expert` runs the few-row block kernels
 
     def forward(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
-        if x.shape[0] == 1:  # one token (a one-stream decode step): its experts in one call a projection
-            picked = torch.sort(routing.experts[0], stable=True)  # expert order, as the loop's groups
-            ids = picked.values.tolist()
-            gate_up = one_call_weights([self.gate_up[e] for e in ids])
-            if gate_up is not None:
-                return self.forward_one_token(x, ids, routing.weights[0].index_select(0, picked.indices), gate_up)
-        return self.forward_loop(x, routing)
-
-    def forward_one_token(self, x: torch.Tensor, ids: list[int], weights: torch.Tensor,
-                          gate_up: list[Int4Blocks]) -> torch.Tensor:
-        """The loop's result for one token, bit for bit (each expert's row is the one-row kernel's,
-        summed in expert order), its experts' Q4_K projections each taken in one kernel call
-        (int4_gemv_q8_experts): one rounding of the activations and one parallel region, not one
-        a routed expert."""
-        hidden = self.act(experts_product(x, gate_up))
+        """forward_loop's result bit for bit, each projection of all the routed experts taken in one
+        kernel call (int4_gemv_q8_experts: one rounding of the activations, one parallel region)
+        where every routed expert's projection is one Q4_K part summing int8 activations; a Q6_K
+        down projection among them runs on its rows as in the loop."""
+        groups = group_by_expert(routing.experts, self.num_experts)
+        counts = groups.counts
+        ids = [e for e, n in enumerate(counts) if n]
+        gate_up = one_call_weights([self.gate_up[e] for e in ids])
+        if gate_up is None:
+            return self.forward_loop(x, routing)
+        rows, sizes = x.index_select(0, groups.tokens), [counts[e] for e in ids]
+        hidden = self.act(experts_product(rows, sizes, gate_up))
         down = one_call_weights([self.down[e] for e in ids])
         if down is not None:
-            out = experts_product(hidden, down)
-        else:  # some down projection of another kind (Q6_K): each on its row
-            out = torch.cat([self.down[e](hidden[i:i + 1]) for i, e in enumerate(ids)])
-        out.mul_(weights[:, None])
-        return torch.zeros_like(x).index_add_(0, torch.zeros(len(ids), dtype=torch.long), out)
+            out = experts_product(hidden, sizes, down)
+        else:
+            out = torch.cat([self.down[e](part) for e, part in zip(ids, hidden.split(sizes), strict=True)])
+        out.mul_(routing.weights.reshape(-1).index_select(0, groups.slots)[:, None])
+        return torch.zeros_like(x).index_add_(0, groups.tokens, out)
 
     def grouped(self) -> bool:
         return False  # codes, not stacked tensors: never the grouped products
@@ -91,9 +88,10 @@ def experts_kernel() -> bool:
     return built is not None and bool(built.int4_gemv_q8_experts_fast())  # type: ignore[attr-defined]
 
 
-def experts_product(x: torch.Tensor, parts: list[Int4Blocks]) -> torch.Tensor:
-    """Row e of x (or its one row) against parts[e]: [len(parts), N]."""
-    return ops().int4_gemv_q8_experts(x, [p.packed for p in parts], [p.scales for p in parts],  # type: ignore[union-attr]
+def experts_product(x: torch.Tensor, counts: list[int], parts: list[Int4Blocks]) -> torch.Tensor:
+    """x's rows grouped by expert (counts[e] rows for parts[e], in order) against their experts:
+    [len(x), N]."""
+    return ops().int4_gemv_q8_experts(x, counts, [p.packed for p in parts], [p.scales for p in parts],  # type: ignore[union-attr]
                                       [p.scale_steps for p in parts], [p.lows for p in parts],
                                       [p.low_steps for p in parts])
 

@@ -1,8 +1,9 @@
-"""A one-token step over a mixture's Q4_K experts under `--int8-activations`
-(runtime/cpu/block_experts.py BlockExperts.forward): each projection of the token's experts in one
-kernel call (kernels/csrc/int4_q8_gemv.cpp int4_gemv_q8_experts), with the host loop's result bit
-for bit, a Q6_K down projection among them included; the kernel against int4_gemv_q8 row by row;
-bad input refused. Skips where the build has no AVX2 int8-activation loops."""
+"""A mixture's Q4_K experts under `--int8-activations` (runtime/cpu/block_experts.py
+BlockExperts.forward): each projection of all the routed experts in one kernel call
+(kernels/csrc/int4_q8_gemv.cpp int4_gemv_q8_experts), with the host loop's result bit for bit at
+one token and many (experts taking one row, a few, or the panel's), a Q6_K down projection among
+them included; the kernel against int4_gemv_q8 expert by expert; bad input refused. Skips where
+the build has no AVX2 int8-activation loops."""
 
 from __future__ import annotations
 
@@ -41,29 +42,30 @@ def experts(q6_k_down: int | None = None) -> BlockExperts:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("q6_k_down", [None, 2], ids=["q4_k", "a q6_k down"])
-def test_one_token_gives_the_loops_bits(dtype: torch.dtype, q6_k_down: int | None) -> None:
+@pytest.mark.parametrize("tokens", [1, 2, 16])  # 16 x 4 routed over 6 experts: some take the panel (8+ rows)
+def test_the_experts_in_one_call_give_the_loops_bits(dtype: torch.dtype, q6_k_down: int | None, tokens: int) -> None:
     moe = experts(q6_k_down)
-    g = torch.Generator().manual_seed(1)
-    for _ in range(4):
-        x = torch.randn(1, HIDDEN, generator=g).to(dtype)
-        routing = Routing(torch.rand(1, 4, generator=g).to(dtype), torch.randperm(E, generator=g)[:4][None])
+    g = torch.Generator().manual_seed(tokens)
+    for _ in range(3):
+        x = torch.randn(tokens, HIDDEN, generator=g).to(dtype)
+        chosen = torch.stack([torch.randperm(E, generator=g)[:4] for _ in range(tokens)])
+        routing = Routing(torch.rand(tokens, 4, generator=g).to(dtype), chosen)
         fast = moe.forward(x, routing)
         assert torch.equal(fast, moe.forward_loop(x, routing))
-        assert fast.dtype == dtype and fast.shape == (1, HIDDEN)
-    two = torch.randn(2, HIDDEN, generator=g).to(dtype)  # two tokens: the loop
-    routing = Routing(torch.rand(2, 4, generator=g).to(dtype), torch.stack([torch.randperm(E)[:4] for _ in range(2)]))
-    assert torch.equal(moe.forward(two, routing), moe.forward_loop(two, routing))
+        assert fast.dtype == dtype and fast.shape == (tokens, HIDDEN)
 
 
-def test_the_kernel_is_the_one_row_kernel_per_expert() -> None:
+def test_the_kernel_is_int4_gemv_q8_per_expert() -> None:
     moe = experts()
     parts = one_call_weights(moe.gate_up)
     assert parts is not None and len(parts) == E
-    x = torch.randn(E, HIDDEN)
-    shared, each = experts_product(x[:1], parts), experts_product(x, parts)
-    for e, p in enumerate(parts):
-        assert torch.equal(shared[e], p.few(x[:1])[0]) and torch.equal(each[e], p.few(x[e:e + 1])[0])
-    exact = Int4Blocks(Int4Groups(*[t.to(torch.uint8) if i == 0 else t for i, t in enumerate(q4k(2 * INTER, HIDDEN))]))
+    counts = [1, 3, 9, 1, 5, 2]  # one row, a few, the panel's
+    x = torch.randn(sum(counts), HIDDEN)
+    out = experts_product(x, counts, parts)
+    for p, rows, want in zip(parts, x.split(counts), out.split(counts), strict=True):
+        assert torch.equal(want, p.few(rows))
+    q, scales, lows = q4k(2 * INTER, HIDDEN)
+    exact = Int4Blocks(Int4Groups(q.to(torch.uint8), scales, lows))
     assert one_call_weights([BlockLinear([exact], None)]) is None  # exact activations: not this kernel
 
 
@@ -71,11 +73,13 @@ def test_bad_input_is_refused() -> None:
     parts = one_call_weights(experts().gate_up)
     assert parts is not None
     p = parts[0]
-    with pytest.raises(RuntimeError, match="1 or experts"):
-        experts_product(torch.randn(3, HIDDEN), parts[:2])
-    with pytest.raises(RuntimeError, match="as many weights"):
-        ops().int4_gemv_q8_experts(torch.randn(1, HIDDEN), [p.packed], [p.scales, p.scales], [p.scale_steps],
+    with pytest.raises(RuntimeError, match=r"sum\(counts\)"):
+        experts_product(torch.randn(3, HIDDEN), [1, 1], parts[:2])
+    with pytest.raises(RuntimeError, match="at least 1"):
+        experts_product(torch.randn(2, HIDDEN), [2, 0], parts[:2])
+    with pytest.raises(RuntimeError, match="as many counts"):
+        ops().int4_gemv_q8_experts(torch.randn(1, HIDDEN), [1], [p.packed], [p.scales, p.scales], [p.scale_steps],
                                    [p.lows], [p.low_steps])
     with pytest.raises(RuntimeError, match="uint8 \\[N, K / 2\\]"):
-        ops().int4_gemv_q8_experts(torch.randn(1, 2 * HIDDEN), [p.packed], [p.scales], [p.scale_steps], [p.lows],
-                                   [p.low_steps])
+        ops().int4_gemv_q8_experts(torch.randn(1, 2 * HIDDEN), [1], [p.packed], [p.scales], [p.scale_steps],
+                                   [p.lows], [p.low_steps])
