@@ -56,6 +56,9 @@ constexpr int64_t kBlockBytes = int64_t{64} << 10;   // weight rows taken a bloc
 
 // One call's activations, rounded once and read by every weight row.
 struct Q8Rows {
+  Q8Rows(int64_t rows, int64_t width)
+      : k(width), supers(width / kSuperBlock), q(rows * width), scale(rows * supers), sums(rows * (width / kGroup)) {}
+
   int64_t k = 0, supers = 0;
   std::vector<int8_t, radixserve::CacheLineAllocator<int8_t>> q;  // [rows, k]
   std::vector<float> scale;                                       // [rows, supers]
@@ -149,14 +152,14 @@ inline void row_q8(const uint8_t* wj, const int8_t* cj, const float* sj, const Q
 // block against the activation rows four at a time (those in the first-level cache).
 template <bool Six, typename O>
 void dot_rows(const uint8_t* w, const int8_t* codes, const float* steps, int64_t n, int64_t begin, int64_t end,
-              const Q8Rows& a, int64_t rows, O* out) {
+              const Q8Rows& a, int64_t rows, O* out, int64_t first = 0) {  // activation (and output) rows first..
 #if RADIXSERVE_GROUP_Q8
   const int64_t k = a.k, groups = k / kGroup, stride = row_bytes<Six>(k),
                 block = std::max<int64_t>(1, kBlockBytes / stride);
   for (int64_t b0 = begin; b0 < end; b0 += block) {
     const int64_t b1 = std::min(end, b0 + block);
-    for (int64_t m0 = 0; m0 < rows; m0 += 4)
-      radixserve::with_row_count<4>(std::min<int64_t>(4, rows - m0), [&](auto count) {
+    for (int64_t m0 = first; m0 < first + rows; m0 += 4)
+      radixserve::with_row_count<4>(std::min<int64_t>(4, first + rows - m0), [&](auto count) {
         constexpr int M = decltype(count)::value;
         for (int64_t j = b0; j < b1; ++j)
           row_q8<M, Six>(w + j * stride, codes + j * groups, steps + j * a.supers, a, m0, out + j, n);
@@ -184,12 +187,7 @@ at::Tensor group_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Ten
   const auto sg = radixserve::GroupScales::of(scales, scale_steps, n, k / kGroup, "group_gemv_q8");
   TORCH_CHECK(sg.type == at::kChar && sg.span == kSpan,
               "group_gemv_q8: scales are int8 codes a group of 16 with a float32 step per 16 groups (Q6_K's)");
-  Q8Rows a;
-  a.k = k;
-  a.supers = k / kSuperBlock;
-  a.q.resize(rows * k);
-  a.scale.resize(rows * a.supers);
-  a.sums.resize(rows * (k / kGroup));
+  Q8Rows a(rows, k);
   at::Tensor out = at::empty({rows, n}, x.options());
   const uint8_t* wp = static_cast<const uint8_t*>(w.data_ptr());
   const int8_t* cp = static_cast<const int8_t*>(sg.values);
@@ -221,6 +219,81 @@ at::Tensor group_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Ten
         dot_rows<false>(wp, cp, sg.steps, n, begin, end, a, rows, op);
     });
   });
+  return out;
+}
+
+// A mixture of experts' Q6_K products in one call, as int4_q8_gemv.cpp's int4_gemv_q8_experts:
+// x [R, K] holds the routed rows grouped by expert (counts[e] rows for w[e], in order), each
+// expert's codes in either form group_gemv_q8 takes ([N, K] alike) -> [R, N], each expert's rows
+// exactly group_gemv_q8's for them alone (the few-row loop, or the panel from rows_from() rows),
+// in one rounding of the activations and one parallel region.
+at::Tensor group_gemv_q8_experts(const at::Tensor& x, at::IntArrayRef counts, at::TensorList w, at::TensorList scales,
+                                 at::TensorList scale_steps) {
+  TORCH_CHECK(RADIXSERVE_Q8_PANEL, "group_gemv_q8_experts: AVX2 builds only (int4_gemv_q8_experts_fast())");
+  const int64_t experts = static_cast<int64_t>(w.size());
+  TORCH_CHECK(experts > 0 && static_cast<int64_t>(counts.size()) == experts && scales.size() == w.size() &&
+                  scale_steps.size() == w.size(),
+              "group_gemv_q8_experts: as many counts, weights, scales and scale steps (at least one)");
+  int64_t total = 0;
+  for (const int64_t c : counts) {
+    TORCH_CHECK(c > 0, "group_gemv_q8_experts: every count is at least 1");
+    total += c;
+  }
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.size(0) == total &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "group_gemv_q8_experts: x is a CPU [sum(counts), K] float32 or bfloat16 tensor");
+  TORCH_CHECK(x.size(1) % kSuperBlock == 0, "group_gemv_q8_experts: K is a multiple of 256");
+  const int64_t rows = x.size(0), k = x.size(1), n = w[0].size(0), groups = k / kGroup;
+  std::vector<radixserve::GroupScales> sg;
+  for (int64_t e = 0; e < experts; ++e) {
+    const bool six = w[e].scalar_type() == at::kByte;
+    TORCH_CHECK(w[e].dim() == 2 && w[e].is_contiguous() && w[e].size(0) == n &&
+                    (six ? w[e].size(1) == row_bytes<true>(k) : w[e].scalar_type() == at::kChar && w[e].size(1) == k),
+                "group_gemv_q8_experts: every expert's codes are contiguous int8 [N, K] or six bits a code "
+                "(uint8 [N, K / 256 * 192]), one N");
+    sg.push_back(radixserve::GroupScales::of(scales[e], scale_steps[e], n, groups, "group_gemv_q8_experts"));
+    TORCH_CHECK(sg.back().type == at::kChar && sg.back().span == kSpan,
+                "group_gemv_q8_experts: scales are int8 codes a group of 16 with a float32 step per 16 groups (Q6_K's)");
+  }
+  Q8Rows a(rows, k);
+  at::Tensor out = at::empty({rows, n}, x.options());
+#if RADIXSERVE_Q8_PANEL
+  namespace panel = radixserve::q8panel;
+  constexpr int64_t kRowsAUnit = 16;  // the few-row loop's work unit, in weight rows
+  std::vector<int64_t> first(experts + 1, 0), unit(experts + 1, 0);
+  for (int64_t e = 0; e < experts; ++e) {
+    first[e + 1] = first[e] + counts[e];
+    unit[e + 1] = unit[e] + (n + (counts[e] >= panel::rows_from() ? panel::kCols : kRowsAUnit) - 1) /
+                                (counts[e] >= panel::rows_from() ? panel::kCols : kRowsAUnit);
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "group_gemv_q8_experts", [&] {
+    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) { quantize_rows<scalar_t>(x, a, begin, end); });
+    std::vector<int32_t> offsets(rows * groups);
+    for (int64_t m = 0; m < rows; ++m) panel::codes::offsets(a.q.data() + m * k, k, offsets.data() + m * groups);
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, unit[experts], 1, [&](int64_t begin, int64_t end) {
+      for (int64_t e = std::upper_bound(unit.begin(), unit.end(), begin) - unit.begin() - 1; e < experts && unit[e] < end;
+           ++e) {
+        const int64_t from = std::max(begin, unit[e]) - unit[e], to = std::min(end, unit[e + 1]) - unit[e];
+        const uint8_t* wp = static_cast<const uint8_t*>(w[e].data_ptr());
+        const int8_t* cp = static_cast<const int8_t*>(sg[e].values);
+        const bool six = w[e].scalar_type() == at::kByte;
+        const int64_t m = first[e], count = counts[e];
+        if (count >= panel::rows_from()) {
+          const auto products = six ? panel::codes::products<true, scalar_t> : panel::codes::products<false, scalar_t>;
+          products(wp, cp, sg[e].steps, n, k, from, to, a.q.data() + m * k, a.scale.data() + m * a.supers,
+                   offsets.data() + m * groups, count, op + m * n);
+        } else {
+          const int64_t j0 = from * kRowsAUnit, j1 = std::min(n, to * kRowsAUnit);
+          if (six)
+            dot_rows<true>(wp, cp, sg[e].steps, n, j0, j1, a, count, op, m);
+          else
+            dot_rows<false>(wp, cp, sg[e].steps, n, j0, j1, a, count, op, m);
+        }
+      }
+    });
+  });
+#endif
   return out;
 }
 
@@ -271,6 +344,8 @@ bool group_gemv_q8_fast() { return RADIXSERVE_GROUP_Q8 != 0; }
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.def("group_gemv_q8(Tensor x, Tensor w, Tensor scales, Tensor scale_steps) -> Tensor", group_gemv_q8);
   m.def("group_gemv_q8_fast() -> bool", group_gemv_q8_fast);
+  m.def("group_gemv_q8_experts(Tensor x, int[] counts, Tensor[] w, Tensor[] scales, Tensor[] scale_steps) -> Tensor",
+        group_gemv_q8_experts);
   m.def("pack_six_bits(Tensor codes) -> Tensor", pack_six_bits);
   m.def("unpack_six_bits(Tensor packed, int k) -> Tensor", unpack_six_bits);
 }

@@ -8,7 +8,7 @@ tensors, and the routing and grouping stay those of StackedExperts: an expert ru
 rows routed to it, from its codes (a decode step's expert sees a row or two: the few-row kernels),
 so a 30B mixture with 3B active weights reads about 3B weights' codes a token. With
 `--int8-activations`, each projection of all the routed experts is one kernel call
-(int4_gemv_q8_experts), with the loop's result bit for bit.
+(int4_gemv_q8_experts for Q4_K, group_gemv_q8_experts for Q6_K), with the loop's result bit for bit.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torch import nn
 from kernels.cpu_ops import ops
 from runtime.cpu.block_cache import BlockStore
 from runtime.cpu.block_linear import BlockLinear, Groups, built_weights, merge_parts
-from runtime.cpu.block_weights import Int4Blocks, block_weight
+from runtime.cpu.block_weights import Int4Blocks, Int8Blocks, block_weight
 from runtime.layers.moe import Routing, StackedExperts, group_by_expert
 from runtime.loading.gguf_groups import expert_weight_name
 
@@ -41,22 +41,17 @@ class BlockExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
         """forward_loop's result bit for bit, each projection of all the routed experts taken in one
-        kernel call (int4_gemv_q8_experts: one rounding of the activations, one parallel region)
-        where every routed expert's projection is one Q4_K part summing int8 activations; a Q6_K
-        down projection among them runs on its rows as in the loop."""
+        kernel call (int4_gemv_q8_experts for Q4_K, group_gemv_q8_experts for Q6_K: one rounding of
+        the activations, one parallel region) where every routed expert's projection is one part
+        summing int8 activations (one_call_weights); else the loop."""
         groups = group_by_expert(routing.experts, self.num_experts)
         counts = groups.counts
         ids = [e for e, n in enumerate(counts) if n]
-        gate_up = one_call_weights([self.gate_up[e] for e in ids])
-        if gate_up is None:
+        gate_up, down = one_call_weights([self.gate_up[e] for e in ids]), one_call_weights([self.down[e] for e in ids])
+        if gate_up is None or down is None:
             return self.forward_loop(x, routing)
         rows, sizes = x.index_select(0, groups.tokens), [counts[e] for e in ids]
-        hidden = self.act(experts_product(rows, sizes, gate_up))
-        down = one_call_weights([self.down[e] for e in ids])
-        if down is not None:
-            out = experts_product(hidden, sizes, down)
-        else:
-            out = torch.cat([self.down[e](part) for e, part in zip(ids, hidden.split(sizes), strict=True)])
+        out = experts_product(self.act(experts_product(rows, sizes, gate_up)), sizes, down)
         out.mul_(routing.weights.reshape(-1).index_select(0, groups.slots)[:, None])
         return torch.zeros_like(x).index_add_(0, groups.tokens, out)
 
@@ -70,14 +65,18 @@ class BlockExperts(nn.Module):
         return sum(layer.nbytes() for layer in (*self.gate_up, *self.down))
 
 
-def one_call_weights(layers: list[BlockLinear]) -> list[Int4Blocks] | None:
-    """The layers' weights where int4_gemv_q8_experts takes them in one call: each one Q4_K part
-    summing int8 activations (scales and lows factored), one shape, on an AVX2 build; else None."""
+def one_call_weights(layers: list[BlockLinear]) -> list[Int4Blocks] | list[Int8Blocks] | None:
+    """The layers' weights where one kernel call takes them all: each one part summing int8
+    activations, all of one kind and shape: Q4_K ones (scales and lows factored) for
+    int4_gemv_q8_experts, Q6_K ones for group_gemv_q8_experts; on an AVX2 build; else None."""
     parts = [layer.parts[0] for layer in layers if len(layer.parts) == 1 and layer.bias is None]
     if len(parts) != len(layers) or not experts_kernel():
         return None
-    if not all(isinstance(p, Int4Blocks) and p.int8_activations and p.scale_steps is not None
-               and p.low_steps is not None and p.shape == parts[0].shape for p in parts):
+    kind = type(parts[0])
+    if kind not in (Int4Blocks, Int8Blocks) or not all(type(p) is kind and p.int8_activations  # type: ignore[attr-defined]
+                                                       and p.shape == parts[0].shape for p in parts):
+        return None
+    if kind is Int4Blocks and not all(p.scale_steps is not None and p.low_steps is not None for p in parts):  # type: ignore[attr-defined]
         return None
     return parts  # type: ignore[return-value]
 
@@ -88,9 +87,12 @@ def experts_kernel() -> bool:
     return built is not None and bool(built.int4_gemv_q8_experts_fast())  # type: ignore[attr-defined]
 
 
-def experts_product(x: torch.Tensor, counts: list[int], parts: list[Int4Blocks]) -> torch.Tensor:
+def experts_product(x: torch.Tensor, counts: list[int], parts: list[Int4Blocks] | list[Int8Blocks]) -> torch.Tensor:
     """x's rows grouped by expert (counts[e] rows for parts[e], in order) against their experts:
     [len(x), N]."""
+    if isinstance(parts[0], Int8Blocks):
+        return ops().group_gemv_q8_experts(x, counts, [p.codes for p in parts], [p.scales for p in parts],  # type: ignore[union-attr]
+                                           [p.steps for p in parts])
     return ops().int4_gemv_q8_experts(x, counts, [p.packed for p in parts], [p.scales for p in parts],  # type: ignore[union-attr]
                                       [p.scale_steps for p in parts], [p.lows for p in parts],
                                       [p.low_steps for p in parts])

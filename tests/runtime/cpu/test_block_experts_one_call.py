@@ -30,20 +30,23 @@ def q4_k(n: int, k: int, seed: int) -> Int4Blocks:
     return Int4Blocks(Int4Groups(q.to(torch.uint8), scales, lows))
 
 
-def experts(q6_k_down: int | None = None) -> BlockExperts:
+def experts(q6_k_down: str = "none") -> BlockExperts:
+    """Q4_K gate/up projections; down projections Q4_K, Q6_K ("all", as a GGUF's one
+    ffn_down_exps tensor has one type), or one of them Q6_K ("one": no one kernel call takes them)."""
     stacked = StackedExperts(E, HIDDEN, INTER, "silu")
     gate_up = [BlockLinear([q4_k(2 * INTER, HIDDEN, seed=e)], None) for e in range(E)]
-    down = [BlockLinear([Int8Blocks(Int8Groups(*q6k(HIDDEN, INTER, seed=50 + e))) if e == q6_k_down
+    down = [BlockLinear([Int8Blocks(Int8Groups(*q6k(HIDDEN, INTER, seed=50 + e)))
+                         if q6_k_down == "all" or (q6_k_down == "one" and e == 2)
                          else q4_k(HIDDEN, INTER, seed=100 + e)], None) for e in range(E)]
     moe = BlockExperts(stacked, gate_up, down)
-    assert round_activations_to_int8(moe) == 2 * E
+    assert round_activations_to_int8(moe) == 2 * E  # Q6_K codes now at six bits
     return moe
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("q6_k_down", [None, 2], ids=["q4_k", "a q6_k down"])
+@pytest.mark.parametrize("q6_k_down", ["none", "all", "one"])
 @pytest.mark.parametrize("tokens", [1, 2, 16])  # 16 x 4 routed over 6 experts: some take the panel (8+ rows)
-def test_the_experts_in_one_call_give_the_loops_bits(dtype: torch.dtype, q6_k_down: int | None, tokens: int) -> None:
+def test_the_experts_in_one_call_give_the_loops_bits(dtype: torch.dtype, q6_k_down: str, tokens: int) -> None:
     moe = experts(q6_k_down)
     g = torch.Generator().manual_seed(tokens)
     for _ in range(3):
@@ -55,15 +58,18 @@ def test_the_experts_in_one_call_give_the_loops_bits(dtype: torch.dtype, q6_k_do
         assert fast.dtype == dtype and fast.shape == (tokens, HIDDEN)
 
 
-def test_the_kernel_is_int4_gemv_q8_per_expert() -> None:
-    moe = experts()
-    parts = one_call_weights(moe.gate_up)
+@pytest.mark.parametrize("kind", ["q4_k gate_up", "q6_k down"])
+def test_the_kernels_are_the_one_weight_kernels_per_expert(kind: str) -> None:
+    moe = experts("all")
+    parts = one_call_weights(moe.gate_up if kind == "q4_k gate_up" else moe.down)
     assert parts is not None and len(parts) == E
+    assert all(isinstance(p, Int4Blocks if kind == "q4_k gate_up" else Int8Blocks) for p in parts)
     counts = [1, 3, 9, 1, 5, 2]  # one row, a few, the panel's
-    x = torch.randn(sum(counts), HIDDEN)
+    x = torch.randn(sum(counts), parts[0].shape[1])
     out = experts_product(x, counts, parts)
     for p, rows, want in zip(parts, x.split(counts), out.split(counts), strict=True):
         assert torch.equal(want, p.few(rows))
+    assert one_call_weights(experts("one").down) is None  # kinds mixed: the loop
     q, scales, lows = q4k(2 * INTER, HIDDEN)
     exact = Int4Blocks(Int4Groups(q.to(torch.uint8), scales, lows))
     assert one_call_weights([BlockLinear([exact], None)]) is None  # exact activations: not this kernel
@@ -83,3 +89,11 @@ def test_bad_input_is_refused() -> None:
     with pytest.raises(RuntimeError, match="uint8 \\[N, K / 2\\]"):
         ops().int4_gemv_q8_experts(torch.randn(1, 2 * HIDDEN), [1], [p.packed], [p.scales], [p.scale_steps],
                                    [p.lows], [p.low_steps])
+    six = one_call_weights(experts("all").down)
+    assert six is not None
+    q = six[0]
+    with pytest.raises(RuntimeError, match="steps go with int8 scale codes"):
+        ops().group_gemv_q8_experts(torch.randn(1, INTER), [1], [q.codes], [q.scales.float()], [q.steps])
+    with pytest.raises(RuntimeError, match="one N"):
+        ops().group_gemv_q8_experts(torch.randn(2, INTER), [1, 1], [q.codes, q.codes[:4]], [q.scales, q.scales[:4]],
+                                    [q.steps, q.steps[:4]])
