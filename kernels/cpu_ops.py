@@ -39,7 +39,8 @@ SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("cpu_ops.cp
 HEADERS = tuple(Path(__file__).with_name("csrc") / name for name in ("row_count.h", "group_scales.h", "weight_store.h",
                                                                         "weight_prefetch.h", "int4_blocks.h", "activations16.h",
                                                                         "activations8.h", "vector_sum.h", "int16_panel.h",
-                                                                        "q8_panel.h", "six_bit_codes.h"))  # included by the sources: part of the key
+                                                                        "q8_panel.h", "six_bit_codes.h",
+                                                                        "expert_rows.h"))  # included by the sources: part of the key
 NAME = "radixserve_cpu"
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the activation dtypes the kernels are built for
 

@@ -26,6 +26,7 @@
 
 #include "activations16.h"
 #include "activations8.h"
+#include "expert_rows.h"
 #include "group_scales.h"
 #include "q8_panel.h"
 #include "row_count.h"
@@ -231,18 +232,9 @@ at::Tensor group_gemv_q8_experts(const at::Tensor& x, at::IntArrayRef counts, at
                                  at::TensorList scale_steps) {
   TORCH_CHECK(RADIXSERVE_Q8_PANEL, "group_gemv_q8_experts: AVX2 builds only (int4_gemv_q8_experts_fast())");
   const int64_t experts = static_cast<int64_t>(w.size());
-  TORCH_CHECK(experts > 0 && static_cast<int64_t>(counts.size()) == experts && scales.size() == w.size() &&
-                  scale_steps.size() == w.size(),
-              "group_gemv_q8_experts: as many counts, weights, scales and scale steps (at least one)");
-  int64_t total = 0;
-  for (const int64_t c : counts) {
-    TORCH_CHECK(c > 0, "group_gemv_q8_experts: every count is at least 1");
-    total += c;
-  }
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.size(0) == total &&
-                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-              "group_gemv_q8_experts: x is a CPU [sum(counts), K] float32 or bfloat16 tensor");
-  TORCH_CHECK(x.size(1) % kSuperBlock == 0, "group_gemv_q8_experts: K is a multiple of 256");
+  TORCH_CHECK(scales.size() == w.size() && scale_steps.size() == w.size(),
+              "group_gemv_q8_experts: as many weights, scales and scale steps");
+  const std::vector<int64_t> first = radixserve::expert_rows(x, counts, experts, "group_gemv_q8_experts");
   const int64_t rows = x.size(0), k = x.size(1), n = w[0].size(0), groups = k / kGroup;
   std::vector<radixserve::GroupScales> sg;
   for (int64_t e = 0; e < experts; ++e) {
@@ -260,11 +252,10 @@ at::Tensor group_gemv_q8_experts(const at::Tensor& x, at::IntArrayRef counts, at
 #if RADIXSERVE_Q8_PANEL
   namespace panel = radixserve::q8panel;
   constexpr int64_t kRowsAUnit = 16;  // the few-row loop's work unit, in weight rows
-  std::vector<int64_t> first(experts + 1, 0), unit(experts + 1, 0);
+  std::vector<int64_t> unit(experts + 1, 0);
   for (int64_t e = 0; e < experts; ++e) {
-    first[e + 1] = first[e] + counts[e];
-    unit[e + 1] = unit[e] + (n + (counts[e] >= panel::rows_from() ? panel::kCols : kRowsAUnit) - 1) /
-                                (counts[e] >= panel::rows_from() ? panel::kCols : kRowsAUnit);
+    const int64_t size = counts[e] >= panel::rows_from() ? panel::kCols : kRowsAUnit;
+    unit[e + 1] = unit[e] + (n + size - 1) / size;
   }
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "group_gemv_q8_experts", [&] {
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) { quantize_rows<scalar_t>(x, a, begin, end); });
@@ -272,9 +263,7 @@ at::Tensor group_gemv_q8_experts(const at::Tensor& x, at::IntArrayRef counts, at
     for (int64_t m = 0; m < rows; ++m) panel::codes::offsets(a.q.data() + m * k, k, offsets.data() + m * groups);
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, unit[experts], 1, [&](int64_t begin, int64_t end) {
-      for (int64_t e = std::upper_bound(unit.begin(), unit.end(), begin) - unit.begin() - 1; e < experts && unit[e] < end;
-           ++e) {
-        const int64_t from = std::max(begin, unit[e]) - unit[e], to = std::min(end, unit[e + 1]) - unit[e];
+      radixserve::for_expert_units(unit, begin, end, [&](int64_t e, int64_t from, int64_t to) {
         const uint8_t* wp = static_cast<const uint8_t*>(w[e].data_ptr());
         const int8_t* cp = static_cast<const int8_t*>(sg[e].values);
         const bool six = w[e].scalar_type() == at::kByte;
@@ -290,7 +279,7 @@ at::Tensor group_gemv_q8_experts(const at::Tensor& x, at::IntArrayRef counts, at
           else
             dot_rows<false>(wp, cp, sg[e].steps, n, j0, j1, a, count, op, m);
         }
-      }
+      });
     });
   });
 #endif

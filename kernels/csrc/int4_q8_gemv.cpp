@@ -33,6 +33,7 @@
 #include <torch/library.h>
 
 #include "activations8.h"
+#include "expert_rows.h"
 #include "group_scales.h"
 #include "int4_blocks.h"
 #include "q8_panel.h"
@@ -564,18 +565,10 @@ at::Tensor int4_gemv_q8_experts(const at::Tensor& x, at::IntArrayRef counts, at:
                                 at::TensorList scale_steps, at::TensorList lows, at::TensorList low_steps) {
   TORCH_CHECK(RADIXSERVE_INT4_Q8 == 256, "int4_gemv_q8_experts: AVX2 builds only (int4_gemv_q8_experts_fast())");
   const int64_t experts = static_cast<int64_t>(w.size());
-  TORCH_CHECK(experts > 0 && static_cast<int64_t>(counts.size()) == experts && scales.size() == w.size() &&
-                  scale_steps.size() == w.size() && lows.size() == w.size() && low_steps.size() == w.size(),
-              "int4_gemv_q8_experts: as many counts, weights, scales, scale steps, lows and low steps (at least one)");
-  int64_t total = 0;
-  for (const int64_t c : counts) {
-    TORCH_CHECK(c > 0, "int4_gemv_q8_experts: every count is at least 1");
-    total += c;
-  }
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.size(0) == total &&
-                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-              "int4_gemv_q8_experts: x is a CPU [sum(counts), K] float32 or bfloat16 tensor");
-  TORCH_CHECK(x.size(1) % kSuper == 0, "int4_gemv_q8_experts: K is a multiple of 256");
+  TORCH_CHECK(scales.size() == w.size() && scale_steps.size() == w.size() && lows.size() == w.size() &&
+                  low_steps.size() == w.size(),
+              "int4_gemv_q8_experts: as many weights, scales, scale steps, lows and low steps");
+  const std::vector<int64_t> first = radixserve::expert_rows(x, counts, experts, "int4_gemv_q8_experts");
   const int64_t rows = x.size(0), k = x.size(1), n = w[0].size(0);
   std::vector<radixserve::GroupScales> sg, lg;
   for (int64_t e = 0; e < experts; ++e) {
@@ -595,9 +588,8 @@ at::Tensor int4_gemv_q8_experts(const at::Tensor& x, at::IntArrayRef counts, at:
   namespace panel = radixserve::q8panel;
   // each expert's work in units its loop splits by (weight-row quads; the panel's 16 rows), and
   // where its rows and units start
-  std::vector<int64_t> first(experts + 1, 0), unit(experts + 1, 0);
+  std::vector<int64_t> unit(experts + 1, 0);
   for (int64_t e = 0; e < experts; ++e) {
-    first[e + 1] = first[e] + counts[e];
     unit[e + 1] = unit[e] + (counts[e] >= panel::rows_from() ? (n + panel::kCols - 1) / panel::kCols : n / kQuad);
   }
   std::vector<int64_t> quads(a.groups * panel::kQuads);
@@ -607,9 +599,7 @@ at::Tensor int4_gemv_q8_experts(const at::Tensor& x, at::IntArrayRef counts, at:
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) { quantize_rows<scalar_t>(x, a, begin, end); });
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, unit[experts], 1, [&](int64_t begin, int64_t end) {
-      for (int64_t e = std::upper_bound(unit.begin(), unit.end(), begin) - unit.begin() - 1; e < experts && unit[e] < end;
-           ++e) {
-        const int64_t from = std::max(begin, unit[e]) - unit[e], to = std::min(end, unit[e + 1]) - unit[e];
+      radixserve::for_expert_units(unit, begin, end, [&](int64_t e, int64_t from, int64_t to) {
         const uint8_t* wp = w[e].data_ptr<uint8_t>();
         const int64_t m = first[e], count = counts[e];
         if (count >= panel::rows_from())
@@ -619,7 +609,7 @@ at::Tensor int4_gemv_q8_experts(const at::Tensor& x, at::IntArrayRef counts, at:
           one_row256(wp, sg[e], lg[e], from, to, a, op + m * n, m);
         else
           dot_quads256(wp, sg[e], lg[e], n, from, to, a, count, op, m);
-      }
+      });
     });
   });
 #endif

@@ -83,7 +83,7 @@ def test_bad_input_is_refused() -> None:
         experts_product(torch.randn(3, HIDDEN), [1, 1], parts[:2])
     with pytest.raises(RuntimeError, match="at least 1"):
         experts_product(torch.randn(2, HIDDEN), [2, 0], parts[:2])
-    with pytest.raises(RuntimeError, match="as many counts"):
+    with pytest.raises(RuntimeError, match="as many weights, scales"):
         ops().int4_gemv_q8_experts(torch.randn(1, HIDDEN), [1], [p.packed], [p.scales, p.scales], [p.scale_steps],
                                    [p.lows], [p.low_steps])
     with pytest.raises(RuntimeError, match="uint8 \\[N, K / 2\\]"):
