@@ -84,24 +84,12 @@ void quantize_rows(const at::Tensor& x, Q8Rows& a, int64_t begin, int64_t end) {
     }
 }
 
-// Where a super-block's codes start in a row, and its bytes: int8 codes (Six false) a byte a code,
-// six_bit_codes.h's 192 bytes a super-block (Six true).
-template <bool Six>
-constexpr int64_t kSuperBytes = Six ? radixserve::six_bits::kSuperBytes : kSuperBlock;
-template <bool Six>
-inline int64_t row_bytes(int64_t k) { return k / kSuperBlock * kSuperBytes<Six>; }
+using radixserve::six_bits::codes_plus_32;  // six_bit_codes.h: either form of the codes
+using radixserve::six_bits::row_bytes;
+using radixserve::six_bits::super_bytes;
+using radixserve::six_bits::with_form;
 
 #if RADIXSERVE_GROUP_Q8
-// Run c (< 8) of a super-block's codes (from `super`) plus 32, as 32 unsigned bytes.
-template <bool Six>
-inline __m256i codes_plus_32(const uint8_t* super, int c) {
-  if constexpr (Six) {
-    return radixserve::six_bits::run(super, c);
-  } else {
-    return _mm256_add_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 32 * c)), _mm256_set1_epi8(32));
-  }
-}
-
 // Weight row j (codes wj, row_bytes<Six>(k) of them; scale codes cj [k / 16], steps sj [supers])
 // against M activation rows from m0; into out[(m0 + m) * n]. Six or not, the same integer sums.
 template <int M, bool Six, typename O>
@@ -114,8 +102,8 @@ inline void row_q8(const uint8_t* wj, const int8_t* cj, const float* sj, const Q
   for (int64_t s = 0; s < a.supers; ++s) {
     // the stream asked for ahead, as group_gemv.cpp's: in the engine (real 1.5B, one stream,
     // alternated in one process) 83.8 against 89.6 ms a token without it
-    const uint8_t* super = wj + s * kSuperBytes<Six>;
-    radixserve::prefetch_ahead<kSuperBytes<Six> / 64>(super);
+    const uint8_t* super = wj + s * super_bytes<Six>;
+    radixserve::prefetch_ahead<super_bytes<Six> / 64>(super);
     const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(cj + s * kSpan));
     __m256i sum[M];
     RADIXSERVE_UNROLL
@@ -205,19 +193,17 @@ at::Tensor group_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Ten
         for (int64_t m = begin; m < end; ++m) panel::codes::offsets(a.q.data() + m * k, k, offsets.data() + m * (k / kGroup));
       });
       at::parallel_for(0, (n + panel::kCols - 1) / panel::kCols, 1, [&](int64_t begin, int64_t end) {
-        if (six)
-          panel::codes::products<true>(wp, cp, sg.steps, n, k, begin, end, a.q.data(), a.scale.data(), offsets.data(), rows, op);
-        else
-          panel::codes::products<false>(wp, cp, sg.steps, n, k, begin, end, a.q.data(), a.scale.data(), offsets.data(), rows, op);
+        with_form(six, [&](auto form) {
+          constexpr bool Six = decltype(form)::value;
+          panel::codes::products<Six>(wp, cp, sg.steps, n, k, begin, end, a.q.data(), a.scale.data(), offsets.data(),
+                                      rows, op);
+        });
       });
       return;
     }
 #endif
     at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-      if (six)
-        dot_rows<true>(wp, cp, sg.steps, n, begin, end, a, rows, op);
-      else
-        dot_rows<false>(wp, cp, sg.steps, n, begin, end, a, rows, op);
+      with_form(six, [&](auto form) { dot_rows<decltype(form)::value>(wp, cp, sg.steps, n, begin, end, a, rows, op); });
     });
   });
   return out;
@@ -266,19 +252,15 @@ at::Tensor group_gemv_q8_experts(const at::Tensor& x, at::IntArrayRef counts, at
       radixserve::for_expert_units(unit, begin, end, [&](int64_t e, int64_t from, int64_t to) {
         const uint8_t* wp = static_cast<const uint8_t*>(w[e].data_ptr());
         const int8_t* cp = static_cast<const int8_t*>(sg[e].values);
-        const bool six = w[e].scalar_type() == at::kByte;
         const int64_t m = first[e], count = counts[e];
-        if (count >= panel::rows_from()) {
-          const auto products = six ? panel::codes::products<true, scalar_t> : panel::codes::products<false, scalar_t>;
-          products(wp, cp, sg[e].steps, n, k, from, to, a.q.data() + m * k, a.scale.data() + m * a.supers,
-                   offsets.data() + m * groups, count, op + m * n);
-        } else {
-          const int64_t j0 = from * kRowsAUnit, j1 = std::min(n, to * kRowsAUnit);
-          if (six)
-            dot_rows<true>(wp, cp, sg[e].steps, n, j0, j1, a, count, op, m);
+        with_form(w[e].scalar_type() == at::kByte, [&](auto form) {
+          constexpr bool Six = decltype(form)::value;
+          if (count >= panel::rows_from())
+            panel::codes::products<Six>(wp, cp, sg[e].steps, n, k, from, to, a.q.data() + m * k,
+                                        a.scale.data() + m * a.supers, offsets.data() + m * groups, count, op + m * n);
           else
-            dot_rows<false>(wp, cp, sg[e].steps, n, j0, j1, a, count, op, m);
-        }
+            dot_rows<Six>(wp, cp, sg[e].steps, n, from * kRowsAUnit, std::min(n, to * kRowsAUnit), a, count, op, m);
+        });
       });
     });
   });

@@ -251,17 +251,13 @@ constexpr int64_t kSpan = 16;   // groups a super-block
 // Rows j0.. (count; the rest zeros, whose sums are never written) of codes w -> panel[kq * 16 + c]:
 // row c's codes 4kq..4kq + 3 plus 32, as 4 bytes. 8 rows x 8 quads at a time by an 8 x 8
 // transpose of 32-bit lanes. The codes: int8 [n, k] (Six false), or six_bit_codes.h's layout,
-// six_bits::row_bytes(k) a row (Six true): the same panel.
+// six_bits::row_bytes<true>(k) a row (Six true): the same panel.
 template <bool Six>
 inline void lay_out_panel(const uint8_t* w, int64_t k, int64_t j0, int64_t count, uint32_t* panel) {
-  const __m256i offset = _mm256_set1_epi8(32);
-  const int64_t stride = Six ? six_bits::row_bytes(k) : k;
-  const int64_t super_bytes = Six ? six_bits::kSuperBytes : 256;
-  // a super-block's run c (the loop below unrolls c, so the six-bit unpacking's shifts are fixed)
-  const auto codes_plus_32 = [&](int64_t row, int64_t s, int c) {
-    const uint8_t* super = w + (j0 + row) * stride + s * super_bytes;
-    if constexpr (Six) return six_bits::run(super, c);
-    else return _mm256_add_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 32 * c)), offset);
+  const int64_t stride = six_bits::row_bytes<Six>(k);
+  // a super-block's run (the loop below unrolls it, so the six-bit unpacking's shifts are fixed)
+  const auto codes_plus_32 = [&](int64_t row, int64_t s, int run) {
+    return six_bits::codes_plus_32<Six>(w + (j0 + row) * stride + s * six_bits::super_bytes<Six>, run);
   };
   for (int64_t half = 0; half < 2; ++half)
     for (int64_t s = 0; s < k / 256; ++s)

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -23,7 +24,18 @@ namespace radixserve::six_bits {
 constexpr int64_t kSuper = 256;        // codes a super-block
 constexpr int64_t kSuperBytes = 192;   // its bytes: 128 of nibbles, 64 of crumbs
 
-inline int64_t row_bytes(int64_t k) { return k / kSuper * kSuperBytes; }
+// A super-block's bytes and a row's in either form the loops read: int8 codes (Six false), a byte
+// a code, or this layout (Six true).
+template <bool Six>
+constexpr int64_t super_bytes = Six ? kSuperBytes : kSuper;
+template <bool Six>
+inline int64_t row_bytes(int64_t k) { return k / kSuper * super_bytes<Six>; }
+
+// f(std::bool_constant<six>{}): a loop built for the form a call's codes come in.
+template <typename F>
+inline decltype(auto) with_form(bool six, F&& f) {
+  return six ? f(std::true_type{}) : f(std::false_type{});
+}
 
 // Code i of a row (i < k), as u = c + 32.
 inline int code_at(const uint8_t* row, int64_t i) {
@@ -58,9 +70,11 @@ inline __m256i run(const uint8_t* super, int c) {
   return _mm256_or_si256(low, _mm256_and_si256(high, _mm256_set1_epi8(0x30)));
 }
 
-// Codes i..i + 31 of a row (i a multiple of 32), as run() gives them.
-inline __m256i run_at(const uint8_t* row, int64_t i) {
-  return run(row + i / kSuper * kSuperBytes, static_cast<int>(i % kSuper / 32));
+// Run c of a super-block's codes (from `super`) plus 32, as 32 unsigned bytes, in either form.
+template <bool Six>
+inline __m256i codes_plus_32(const uint8_t* super, int c) {
+  if constexpr (Six) return run(super, c);
+  else return _mm256_add_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 32 * c)), _mm256_set1_epi8(32));
 }
 #endif
 
