@@ -42,18 +42,29 @@ class BlockExperts(nn.Module):
     def forward(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
         """forward_loop's result bit for bit, each projection of all the routed experts taken in one
         kernel call (int4_gemv_q8_experts for Q4_K, group_gemv_q8_experts for Q6_K: one rounding of
-        the activations, one parallel region) where every routed expert's projection is one part
-        summing int8 activations (one_call_weights); else the loop."""
+        the activations, one parallel region) where the experts' projections are one part each
+        summing int8 activations (one_call_weights); else the loop, with no work added to it."""
+        one_call = self.one_call()
+        if one_call is None:
+            return self.forward_loop(x, routing)
+        gate_up, down = one_call
         groups = group_by_expert(routing.experts, self.num_experts)
         counts = groups.counts
         ids = [e for e, n in enumerate(counts) if n]
-        gate_up, down = one_call_weights([self.gate_up[e] for e in ids]), one_call_weights([self.down[e] for e in ids])
-        if gate_up is None or down is None:
-            return self.forward_loop(x, routing)
         rows, sizes = x.index_select(0, groups.tokens), [counts[e] for e in ids]
-        out = experts_product(self.act(experts_product(rows, sizes, gate_up)), sizes, down)
+        hidden = self.act(experts_product(rows, sizes, [gate_up[e] for e in ids]))
+        out = experts_product(hidden, sizes, [down[e] for e in ids])
         out.mul_(routing.weights.reshape(-1).index_select(0, groups.slots)[:, None])
         return torch.zeros_like(x).index_add_(0, groups.tokens, out)
+
+    def one_call(self) -> tuple[list, list] | None:
+        """All experts' gate/up and down weights where the one-call kernels take them, else None;
+        found at the first step (the activation flags are set at load, before any) and kept: asked
+        each step, the check cost a Python pass over every expert a layer."""
+        if not hasattr(self, "_one_call"):
+            gate_up, down = one_call_weights(self.gate_up), one_call_weights(self.down)
+            self._one_call = None if gate_up is None or down is None else (gate_up, down)
+        return self._one_call
 
     def grouped(self) -> bool:
         return False  # codes, not stacked tensors: never the grouped products

@@ -48,6 +48,7 @@ def experts(q6_k_down: str = "none") -> BlockExperts:
 @pytest.mark.parametrize("tokens", [1, 2, 16])  # 16 x 4 routed over 6 experts: some take the panel (8+ rows)
 def test_the_experts_in_one_call_give_the_loops_bits(dtype: torch.dtype, q6_k_down: str, tokens: int) -> None:
     moe = experts(q6_k_down)
+    assert (moe.one_call() is None) == (q6_k_down == "one")  # kinds mixed in a layer: the loop
     g = torch.Generator().manual_seed(tokens)
     for _ in range(3):
         x = torch.randn(tokens, HIDDEN, generator=g).to(dtype)
