@@ -67,16 +67,66 @@ struct PanelScales {
 
   PanelScales(int64_t groups, int64_t span) : codes(groups * kCols), steps(groups / span * kCols) {}
 
-  // scale codes c [n, groups], steps st [n, groups / span]; weight rows j0..
+  // scale codes c [n, groups], steps st [n, groups / span]; weight rows j0.. 16 groups at a time by
+  // a 16 x 16 byte transpose (lane by lane this was about a tenth of a 16-row call: Q6_K has a
+  // scale a 16 codes), the rest one by one.
   void load(const int8_t* c, const float* st, int64_t j0, int64_t count, int64_t groups, int64_t span) {
     const int64_t supers = groups / span;
-    for (int64_t g = 0; g < groups; ++g)
+    int64_t g0 = 0;
+    for (; g0 + 16 <= groups; g0 += 16) {
+      __m128i r[16];
+#pragma GCC unroll 16
+      for (int64_t row = 0; row < kCols; ++row)
+        r[row] = row < count ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + (j0 + row) * groups + g0))
+                             : _mm_setzero_si128();
+      transpose_bytes(r);  // r[i]: group g0 + i's 16 rows
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) {
+        const __m256i x = _mm256_cvtepi8_epi16(r[i]);  // rows 0..15 sign-extended to 16 bits
+        const __m256i lo = _mm256_unpacklo_epi16(x, x), hi = _mm256_unpackhi_epi16(x, x);  // rows 0-3, 8-11 | 4-7, 12-15
+        int32_t* at = codes.data() + (g0 + i) * kCols;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), _mm256_permute2x128_si256(lo, hi, 0x20));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + 8), _mm256_permute2x128_si256(lo, hi, 0x31));
+      }
+    }
+    for (int64_t g = g0; g < groups; ++g)
       for (int64_t r = 0; r < kCols; ++r) {
         const int32_t code = r < count ? c[(j0 + r) * groups + g] : 0;
         codes[g * kCols + r] = (code & 0xFFFF) | (code << 16);
       }
     for (int64_t s = 0; s < supers; ++s)
       for (int64_t r = 0; r < kCols; ++r) steps[s * kCols + r] = r < count ? st[(j0 + r) * supers + s] : 0.f;
+  }
+
+ private:
+  // 16 rows of 16 bytes transposed in place: afterwards r[i]'s byte j is what r[j]'s byte i was.
+  // Each stage interleaves twice as many rows in twice as wide elements.
+  static void transpose_bytes(__m128i (&r)[16]) {
+    __m128i a[16], b[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {  // a[2i + h]: 16-bit element j = rows 2i, 2i + 1 at byte 8h + j
+      a[2 * i] = _mm_unpacklo_epi8(r[2 * i], r[2 * i + 1]);
+      a[2 * i + 1] = _mm_unpackhi_epi8(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i)  // b[4i + m]: 32-bit element j = rows 4i..4i + 3 at byte 4m + j
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        b[4 * i + 2 * h] = _mm_unpacklo_epi16(a[4 * i + h], a[4 * i + 2 + h]);
+        b[4 * i + 2 * h + 1] = _mm_unpackhi_epi16(a[4 * i + h], a[4 * i + 2 + h]);
+      }
+#pragma GCC unroll 2
+    for (int o = 0; o < 2; ++o)  // a[8o + p]: 64-bit element j = rows 8o..8o + 7 at byte 2p + j
+#pragma GCC unroll 4
+      for (int m = 0; m < 4; ++m) {
+        a[8 * o + 2 * m] = _mm_unpacklo_epi32(b[8 * o + m], b[8 * o + 4 + m]);
+        a[8 * o + 2 * m + 1] = _mm_unpackhi_epi32(b[8 * o + m], b[8 * o + 4 + m]);
+      }
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; ++p) {  // r[j]: rows 0..15 at byte j
+      r[2 * p] = _mm_unpacklo_epi64(a[p], a[8 + p]);
+      r[2 * p + 1] = _mm_unpackhi_epi64(a[p], a[8 + p]);
+    }
   }
 };
 
@@ -145,14 +195,26 @@ inline void store_rows(const __m256 (&facc)[M][2], O* out, int64_t n, int64_t co
 }
 
 // Panels [begin, end) of n weight rows against `rows` activation rows: prepare(j0, count) lays out
-// a panel, then pass(M, m0, j0, count) runs M = 1..kRows activation rows from m0 against it.
+// a panel, then pass(M, m0, j0, count) runs M = 1..kRows activation rows from m0 against it. The
+// weights are row_bytes a row from w (both kinds keep a panel's rows in one run of memory); the
+// next panel's are asked for while this one's passes run, a share a pass, so that laying it out
+// finds them in the second-level cache: laying out waited on memory for most of its time (one
+// thread of a 2-core Zen 3 reads the weights far below the memory's rate).
 template <typename Prepare, typename Pass>
-inline void over_panels(int64_t n, int64_t begin, int64_t end, int64_t rows, Prepare prepare, Pass pass) {
+inline void over_panels(const uint8_t* w, int64_t row_bytes, int64_t n, int64_t begin, int64_t end, int64_t rows,
+                        Prepare prepare, Pass pass) {
+  const int64_t passes = (rows + kRows - 1) / kRows;
   for (int64_t b = begin; b < end; ++b) {
     const int64_t j0 = b * kCols, count = std::min(kCols, n - j0);
     prepare(j0, count);
-    for (int64_t m0 = 0; m0 < rows; m0 += kRows)
+    const char* next = reinterpret_cast<const char*>(w + (j0 + kCols) * row_bytes);
+    const int64_t next_bytes = b + 1 < end ? std::min(kCols, n - j0 - kCols) * row_bytes : 0;
+    const int64_t share = (next_bytes / passes + 64) / 64 * 64;
+    for (int64_t m0 = 0, i = 0; m0 < rows; m0 += kRows, ++i) {
+      for (int64_t at = i * share, stop = std::min(next_bytes, at + share); at < stop; at += 64)
+        _mm_prefetch(next + at, _MM_HINT_T1);
       with_row_count<kRows>(std::min<int64_t>(kRows, rows - m0), [&](auto m) { pass(m, m0, j0, count); });
+    }
   }
 }
 
@@ -260,12 +322,21 @@ void products(const uint8_t* w, const GroupScales& scales, const GroupScales& lo
   std::vector<float> expanded(groups * kCols), low(groups * kCols);  // lows [count, groups] -> [groups][16]
   const auto offset = [&](int64_t g, int q) { return quads[g * kQuads + q]; };
   const auto start = [](int, int64_t) { return _mm256_setzero_si256(); };
-  over_panels(n, begin, end, rows, [&](int64_t j0, int64_t count) {
+  over_panels(w, k / 2, n, begin, end, rows, [&](int64_t j0, int64_t count) {
     lay_out_panel(w, k, j0, count, panel.data());
     ps.load(static_cast<const int8_t*>(scales.values), scales.steps, j0, count, groups, kSpan);
     lows.expand(j0, count, expanded.data());
-    for (int64_t g = 0; g < groups; ++g)
-      for (int64_t r = 0; r < kCols; ++r) low[g * kCols + r] = r < count ? expanded[r * groups + g] : 0.f;
+    for (int64_t c0 = 0; c0 < kCols; c0 += 8)  // 8 rows x 8 groups at a time (groups: a multiple of kSpan)
+      for (int64_t g0 = 0; g0 < groups; g0 += 8) {
+        __m256i r[8];
+#pragma GCC unroll 8
+        for (int64_t c = 0; c < 8; ++c)
+          r[c] = c0 + c < count ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(expanded.data() + (c0 + c) * groups + g0))
+                                : _mm256_setzero_si256();
+        transpose_lanes(r);
+#pragma GCC unroll 8
+        for (int64_t i = 0; i < 8; ++i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(low.data() + (g0 + i) * kCols + c0), r[i]);
+      }
   }, [&](auto rows_now, int64_t m0, int64_t j0, int64_t count) {
     constexpr int M = decltype(rows_now)::value;
     __m256 facc[M][2];
@@ -348,7 +419,7 @@ void products(const uint8_t* w, const int8_t* scale_codes, const float* steps, i
   std::vector<uint32_t, CacheLineAllocator<uint32_t>> panel(k / 4 * kCols);
   PanelScales ps(groups, kSpan);
   const auto offset = [](int64_t g, int q) { return g * kGroup + 4 * q; };
-  over_panels(n, begin, end, rows, [&](int64_t j0, int64_t count) {
+  over_panels(w, six_bits::row_bytes<Six>(k), n, begin, end, rows, [&](int64_t j0, int64_t count) {
     lay_out_panel<Six>(w, k, j0, count, panel.data());
     ps.load(scale_codes, steps, j0, count, groups, kSpan);
   }, [&](auto rows_now, int64_t m0, int64_t j0, int64_t count) {
