@@ -20,7 +20,7 @@ Results: benchmarks/results/real_shapes.json and .md (the CPU kind and the date 
 
 `--systems` may add radixserve-int8-activations: radixserve with `--int8-activations` (its Q4_K
 layers over activations rounded to int8, as llama.cpp's arithmetic; opt-in, docs/cpu.md), in the
-docs' table; the README's keeps the default pair.
+docs' table, and in the README's between the default and llama.cpp where every row measured it.
 
 `--prepare-only` writes the files and converts them for radixserve, measuring nothing (it needs no
 quiet machine); `--append` keeps the JSON's other rows (each row carries the bandwidth and the
@@ -186,18 +186,22 @@ def markdown(report: dict) -> str:
 
 
 def compact(report: dict) -> str:
-    """The README's table: each row's figures as radixserve / llama.cpp."""
+    """The README's table: each row's figures as radixserve / llama.cpp, or, where every row also
+    measured it, radixserve / radixserve --int8-activations / llama.cpp."""
+    rows = [row for row in report["rows"]
+            if set(SYSTEMS) <= {r["system"] for r in row["systems"] if "error" not in r}]
+    with_int8 = bool(rows) and all(INT8 in {r["system"] for r in row["systems"] if "error" not in r} for row in rows)
+    shown = (SYSTEMS[0], INT8, SYSTEMS[1]) if with_int8 else SYSTEMS
     lines = [f"CPU: {report['cpu']}; rows measured (medians of the trials) "
-             + "; ".join(f"{r['row']} {r['date']}, {r.get('trials', report['trials'])} trials" for r in report["rows"]) + "; radixserve / llama.cpp on the same file",
+             + "; ".join(f"{r['row']} {r['date']}, {r.get('trials', report['trials'])} trials" for r in report["rows"])
+             + "; " + " / ".join("radixserve --int8-activations" if s == INT8 else s for s in shown) + " on the same file",
              "", "| file | prompt tok/s | one stream tok/s | 16 streams tok/s | peak RSS GiB | start-up s |",
              "|---|---:|---:|---:|---:|---:|"]
-    for row in report["rows"]:
+    for row in rows:
         by = {r["system"]: r for r in row["systems"] if "error" not in r}
-        if not set(SYSTEMS) <= set(by):  # (a row may also have measured radixserve-int8-activations)
-            continue
 
         def pair(key: str, spec: str, scale: float = 1.0) -> str:
-            return " / ".join(f"{by[s][key] / scale:{spec}}" for s in SYSTEMS)
+            return " / ".join(f"{by[s][key] / scale:{spec}}" for s in shown)
 
         lines.append(f"| {row['what']} | {pair('prompt_tok_s', ',.0f')} | {pair('one_stream_tok_s', '.1f')} | "
                      f"{pair('streams16_tok_s', '.1f')} | {pair('peak_rss_bytes', '.2f', 2**30)} | "
