@@ -68,8 +68,8 @@ struct PanelScales {
   PanelScales(int64_t groups, int64_t span) : codes(groups * kCols), steps(groups / span * kCols) {}
 
   // scale codes c [n, groups], steps st [n, groups / span]; weight rows j0.. 16 groups at a time by
-  // a 16 x 16 byte transpose (lane by lane this was about a tenth of a 16-row call: Q6_K has a
-  // scale a 16 codes), the rest one by one.
+  // a 16 x 16 byte transpose (lane by lane, a visible share of a 16-row call in perf; Q6_K has a
+  // scale per 16 codes), the rest one by one.
   void load(const int8_t* c, const float* st, int64_t j0, int64_t count, int64_t groups, int64_t span) {
     const int64_t supers = groups / span;
     int64_t g0 = 0;
