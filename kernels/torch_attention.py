@@ -33,11 +33,12 @@ class TorchAttentionBackend:
         """q: [T, H, D]; k, v: [T, KVH, D] (new tokens); caches: [S, KVH, D]. Returns [T, H, D]."""
         self.store_kv(k, v, k_cache, v_cache, meta)
         ops = _decode_kernel(q, k_cache, v_cache, meta)
-        if ops is not None and not meta.num_extend_reqs:
-            # a decode step: the kernel's output is the whole result (no output to fill in slices:
-            # on a one-row step those few torch calls cost as much as the kernel, every layer)
-            return ops.decode_attention(q, k_cache, v_cache, meta.slot_table, meta.rows, meta.seq_lens_t,
-                                        window or 0, scale)
+        rows = _rows_as_decode(meta) if ops is not None else None
+        if rows is not None:
+            # a decode step, or one whose extends are all short: the kernel's output is the whole
+            # result (no output to fill in slices: on a one-row step those few torch calls cost as
+            # much as the kernel, every layer)
+            return ops.decode_attention(q, k_cache, v_cache, meta.slot_table, rows[0], rows[1], window or 0, scale)
         out = torch.empty_like(q)
         n_ext = meta.num_extend_tokens
         if meta.num_extend_reqs:
@@ -98,6 +99,36 @@ def _decode_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     if key not in meta.cache:
         meta.cache[key] = cpu_ops() if _fits_kernel(q, k_cache, v_cache, meta) else None
     return meta.cache[key]
+
+
+SHORT_EXTEND = 16  # new tokens a request may have for its queries to go through the decode kernel
+
+
+def _rows_as_decode(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each query token's slot-table row and KV length, where the decode kernel can take the whole
+    step: every request decoding, or extending a cached prefix by at most SHORT_EXTEND tokens (a
+    jump-forward or n-gram draft, a short turn over a cached prefix; a prompt with nothing cached
+    keeps the causal kernel, which gathers only its own tokens). New token t of a request with `prefix` cached
+    attends to its first prefix + t + 1 slots: the causal mask, row by row, and the same arithmetic
+    a decode step gives that token. One scaled_dot_product_attention a request (a gather of its
+    whole KV, a mask and a call, every layer) took 13% of a jump-forward step at 8 streams (default
+    model, 2-core Zen 3); past a few dozen tokens its blocked kernel is the faster. None otherwise;
+    worked out once a step."""
+    key = ("rows as decode",)
+    if key not in meta.cache:
+        n_ext = meta.num_extend_reqs
+        if not n_ext:
+            meta.cache[key] = (meta.rows, meta.seq_lens_t)
+        elif max(meta.extend_lens[:n_ext]) > SHORT_EXTEND or min(meta.prefix_lens[:n_ext]) == 0:
+            meta.cache[key] = None
+        else:
+            device = meta.device
+            counts = torch.tensor(meta.extend_lens[:n_ext], dtype=torch.int64, device=device)
+            lens = [p + t + 1 for p, n in zip(meta.prefix_lens[:n_ext], meta.extend_lens[:n_ext]) for t in range(n)]
+            rows = torch.cat([meta.rows[:n_ext].repeat_interleave(counts), meta.rows[n_ext:]])
+            seq = torch.cat([torch.tensor(lens, dtype=torch.int32, device=device), meta.seq_lens_t[n_ext:]])
+            meta.cache[key] = (rows, seq)
+    return meta.cache[key]  # type: ignore[return-value]
 
 
 def _fits_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> bool:

@@ -109,6 +109,51 @@ def test_decode_attention_matches_torch(dtype: torch.dtype, window: int | None, 
 
 
 @needs_ops
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 1, 256), (8, 2, 16)])
+def test_short_extends_take_the_decode_kernel_with_the_causal_mask(dtype: torch.dtype, window: int | None,
+                                                                  heads: int, kv_heads: int, dim: int,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step whose extends are short (a jump-forward draft, a short turn over a cached prefix) goes
+    through the decode kernel, each new token attending to its prefix and the new tokens up to
+    itself: the same as one scaled_dot_product_attention a request, and each token's row the bits
+    a decode step of that token alone gives."""
+    from kernels import torch_attention
+
+    gen = torch.Generator().manual_seed(heads + dim)
+    slots, prefixes, extends = 512, [2, 37, 120, 5, 60], [3, 16, 7, 1, 1]
+    k_cache = torch.randn(slots, kv_heads, dim, generator=gen).to(dtype)
+    v_cache = torch.randn(slots, kv_heads, dim, generator=gen).to(dtype)
+    table = torch.zeros(len(prefixes) + 2, 160, dtype=torch.int64)
+    order = torch.randperm(slots, generator=gen)
+    for i, (p, n) in enumerate(zip(prefixes, extends)):
+        table[i + 1, : p + n] = order[: p + n].roll(7 * i)
+    rows = torch.arange(1, len(prefixes) + 1)
+    out_slots = torch.cat([table[i + 1, p : p + n] for i, (p, n) in enumerate(zip(prefixes, extends))])
+    tokens = sum(extends)
+    q = torch.randn(tokens, heads, dim, generator=gen).to(dtype)
+    k = torch.randn(tokens, kv_heads, dim, generator=gen).to(dtype)
+    v = torch.randn(tokens, kv_heads, dim, generator=gen).to(dtype)
+
+    def run(short: int) -> torch.Tensor:
+        monkeypatch.setattr(torch_attention, "SHORT_EXTEND", short)
+        meta = AttentionMetadata.build(out_slots, table, prefixes, extends, rows)
+        return TorchAttentionBackend().forward(q, k, v, k_cache.clone(), v_cache.clone(), meta, 0.125, window)
+
+    kernel, per_request = run(16), run(0)
+    close(kernel, per_request)
+    assert not torch.equal(kernel, per_request)  # the kernel's rows, not the per-request path's
+    k_after, v_after = k_cache.clone(), v_cache.clone()
+    k_after.index_copy_(0, out_slots, k)
+    v_after.index_copy_(0, out_slots, v)
+    at = 3 + 5  # the second request's sixth new token, alone as a decode step
+    alone = OPS.decode_attention(q[at : at + 1], k_after, v_after, table, rows[1:2],
+                                 torch.tensor([37 + 6], dtype=torch.int32), window or 0, 0.125)
+    assert torch.equal(kernel[at : at + 1], alone)
+
+
+@needs_ops
 def test_rows_are_independent() -> None:
     """A request's numbers are the same bits alone as in a batch of others."""
     gen = torch.Generator().manual_seed(3)
