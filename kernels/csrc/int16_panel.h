@@ -30,6 +30,7 @@
 #include "activations16.h"
 #include "group_scales.h"
 #include "row_count.h"
+#include "weight_prefetch.h"
 
 namespace radixserve::panel {
 
@@ -128,12 +129,9 @@ void products(const int8_t* w, const GroupScales& scales, int64_t n, int64_t k, 
     for (int64_t g = 0; g < groups; ++g)
       for (int64_t c = 0; c < kCols; ++c) ws[g * kCols + c] = c < count ? expanded[c * groups + g] : 0.f;
     // the next panel's codes asked for while this one's passes run, a share a pass (as q8_panel.h)
-    const char* next = reinterpret_cast<const char*>(w + (j0 + kCols) * k);
     const int64_t next_bytes = b + 1 < end ? std::min(kCols, n - j0 - kCols) * k : 0;
-    const int64_t share = (next_bytes / ((rows + kRows - 1) / kRows) + 64) / 64 * 64;
     for (int64_t m0 = 0, i = 0; m0 < rows; m0 += kRows, ++i) {
-      for (int64_t at = i * share, stop = std::min(next_bytes, at + share); at < stop; at += 64)
-        _mm_prefetch(next + at, _MM_HINT_T1);
+      prefetch_part(w + (j0 + kCols) * k, next_bytes, i, (rows + kRows - 1) / kRows);
       with_row_count<kRows>(std::min<int64_t>(kRows, rows - m0), [&](auto m) {
         pass<decltype(m)::value>(panel.data(), k, group, ws.data(), x16 + m0 * k, xs + m0 * groups, acc.data(),
                                  out + m0 * n + j0, n, count);

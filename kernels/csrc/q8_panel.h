@@ -51,6 +51,7 @@
 #include "int4_blocks.h"
 #include "row_count.h"
 #include "six_bit_codes.h"
+#include "weight_prefetch.h"
 
 namespace radixserve::q8panel {
 
@@ -207,12 +208,10 @@ inline void over_panels(const uint8_t* w, int64_t row_bytes, int64_t n, int64_t 
   for (int64_t b = begin; b < end; ++b) {
     const int64_t j0 = b * kCols, count = std::min(kCols, n - j0);
     prepare(j0, count);
-    const char* next = reinterpret_cast<const char*>(w + (j0 + kCols) * row_bytes);
+    const uint8_t* next = w + (j0 + kCols) * row_bytes;
     const int64_t next_bytes = b + 1 < end ? std::min(kCols, n - j0 - kCols) * row_bytes : 0;
-    const int64_t share = (next_bytes / passes + 64) / 64 * 64;
     for (int64_t m0 = 0, i = 0; m0 < rows; m0 += kRows, ++i) {
-      for (int64_t at = i * share, stop = std::min(next_bytes, at + share); at < stop; at += 64)
-        _mm_prefetch(next + at, _MM_HINT_T1);
+      prefetch_part(next, next_bytes, i, passes);
       with_row_count<kRows>(std::min<int64_t>(kRows, rows - m0), [&](auto m) { pass(m, m0, j0, count); });
     }
   }

@@ -39,4 +39,18 @@ inline void prefetch_ahead(const uint8_t* at) {
 #endif
 }
 
+// Part `part` of `parts` of the `bytes` from `next`, asked for into the second-level cache: the
+// panel loops (q8_panel.h, int16_panel.h) ask for the next panel's weights a part before each pass
+// over this one, so that laying it out finds them there.
+inline void prefetch_part(const void* next, int64_t bytes, int64_t part, int64_t parts) {
+#if defined(__SSE__)
+  const char* at = static_cast<const char*>(next);
+  const int64_t share = (bytes / parts + 64) / 64 * 64;
+  for (int64_t i = part * share, stop = bytes < i + share ? bytes : i + share; i < stop; i += 64)
+    _mm_prefetch(at + i, _MM_HINT_T1);
+#else
+  (void)next, (void)bytes, (void)part, (void)parts;
+#endif
+}
+
 }  // namespace radixserve
