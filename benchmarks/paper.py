@@ -84,22 +84,42 @@ def _llama_grammar(venv_python: Path) -> str:
                           text=True, check=True).stdout
 
 
-async def run_workload(client: PaperClient, name: str, size: int, concurrency: int) -> dict[str, Any]:
+async def run_workload(client: PaperClient, name: str, size: int, concurrency: int,
+                       limit_s: float | None = None) -> dict[str, Any] | None:
+    """One workload's phases in order, each phase's requests `concurrency` at a time. With `limit_s`, the
+    workload stops there: requests still in flight are cancelled and left out, later phases are not
+    started, and its rate is the requests finished over the time limit (a throughput over a fixed window,
+    a little below the system's as the unfinished requests' work is not counted); the row says so. None
+    when not one request finished in the limit."""
     workload = PAPER_WORKLOADS[name](size)
     gate = asyncio.Semaphore(concurrency)
     history: list[list[str]] = []
     results: list[CallResult] = []
+    cut: dict[str, Any] | None = None
 
     async def one(req) -> CallResult:  # noqa: ANN001
         async with gate:
             return await client.run(req)
 
     start = time.perf_counter()
-    for build in workload.phases:
-        phase = await asyncio.gather(*(one(r) for r in build(history)))
+    for index, build in enumerate(workload.phases):
+        tasks = [asyncio.ensure_future(one(r)) for r in build(history)]
+        left = None if limit_s is None else max(0.0, limit_s - (time.perf_counter() - start))
+        done, pending = await asyncio.wait(tasks, timeout=left)
+        if pending:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            results.extend(t.result() for t in tasks if t in done)
+            cut = {"limit_s": limit_s, "unfinished": len(pending), "phases_run": index + 1,
+                   "phases": len(workload.phases)}
+            break
+        phase = [t.result() for t in tasks]
         history.append([r.text for r in phase])
         results.extend(phase)
     seconds = time.perf_counter() - start
+    if not results:
+        return None
     prompt = sum(r.prompt_tokens for r in results)
     reported = [r.cached_tokens for r in results]
     cached = None if any(c is None for c in reported) else sum(reported)  # type: ignore[arg-type]
@@ -113,6 +133,8 @@ async def run_workload(client: PaperClient, name: str, size: int, concurrency: i
         "completion_tokens": sum(r.completion_tokens for r in results),
         "outputs": [r.text for r in results],
     }
+    if cut:
+        row["cut"] = cut
     if name == "json":
         row["valid_json"] = sum(_valid(r.text) for r in results)
     return row
@@ -127,7 +149,10 @@ def _valid(text: str) -> bool:
 
 
 async def run_system(base_url: str, kind: str, tokenizer: Any, grammar: str | None, workloads: list[str],
-                     size: int, concurrency: int) -> dict[str, Any]:
+                     size: int, concurrency: int, limit_s: float | None = None,
+                     unfinished: dict[str, str] | None = None) -> dict[str, Any]:
+    """Each workload's row; those where nothing finished within `limit_s` go in `unfinished` with why."""
+    unfinished = {} if unfinished is None else unfinished
     client = PaperClient(base_url, kind, tokenizer, grammar)
     try:
         await client.generate(PAPER_WORKLOADS["chat-short"](1).phases[0]([])[0])  # warm-up, not timed
@@ -137,11 +162,17 @@ async def run_system(base_url: str, kind: str, tokenizer: Any, grammar: str | No
             await client.generate(PAPER_WORKLOADS["json"](1, seed=99).phases[0]([])[0])
         rows = {}
         for name in workloads:
-            rows[name] = await run_workload(client, name, size, concurrency)
-            row = rows[name]
+            row = await run_workload(client, name, size, concurrency, limit_s)
+            if row is None:
+                unfinished[name] = f"not one request finished within the workload's {limit_s:.0f} s limit"
+                print(f"  {name:<16} {unfinished[name]}", flush=True)
+                continue
+            rows[name] = row
             hit = "-" if row["cache_hit_rate"] is None else f"{row['cache_hit_rate']:.0%}"
             print(f"  {name:<16} {row['requests']:>3} requests in {row['seconds']:6.1f} s: "
-                  f"{row['requests_per_s']:6.2f} req/s, p50 {row['latency_p50_s']:.2f} s, hit {hit}", flush=True)
+                  f"{row['requests_per_s']:6.2f} req/s, p50 {row['latency_p50_s']:.2f} s, hit {hit}"
+                  + (f" (cut at {limit_s:.0f} s, {row['cut']['unfinished']} unfinished)" if "cut" in row else ""),
+                  flush=True)
         return rows
     finally:
         await client.close()
@@ -153,6 +184,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--workloads", nargs="+", default=list(PAPER_WORKLOADS), choices=list(PAPER_WORKLOADS))
     parser.add_argument("--size", type=int, default=2, help="scales every workload's request count")
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight within a phase")
+    parser.add_argument("--workload-limit-s", type=float, default=300.0,
+                        help="stop a workload after this long, reporting the requests finished over the limit "
+                             "(a peer that takes many minutes for one, as vLLM's CPU build on HellaSwag on AVX2); "
+                             "0 for none")
     parser.add_argument("--port", type=int, default=30100)
     parser.add_argument("--lock", type=Path, default=None,
                         help="hold this file's exclusive flock while each system runs (a shared machine's bench lock)")
@@ -189,7 +224,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             with exclusive(args.lock), peers.serving(name, venv, packages, [*server_args, *extra], args.port) as startup:
                 row["startup_s"] = startup
                 row["workloads"] = asyncio.run(run_system(f"http://127.0.0.1:{args.port}/v1", kind, tokenizer, grammar,
-                                                          workloads, args.size, args.concurrency))
+                                                          workloads, args.size, args.concurrency,
+                                                          args.workload_limit_s or None, row["skipped"]))
         except Exception as exc:  # noqa: BLE001 - one peer failing is reported, not fatal to the run
             row["error"] = repr(exc)
             print(f"{name}: {exc!r}", flush=True)

@@ -20,6 +20,11 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _rate(row: dict[str, Any] | None) -> str:
+    """A row's req/s, marked where the workload's time limit cut it (its rate: finished over the limit)."""
+    return "-" if not row else f"{row['requests_per_s']:.2f}" + (" (cut)" if row.get("cut") else "")
+
+
 def _hit(row: dict[str, Any] | None) -> str:
     return "-" if row is None or row.get("cache_hit_rate") is None else f"{row['cache_hit_rate']:.0%}"
 
@@ -36,6 +41,13 @@ def markdown(report: dict[str, Any]) -> str:
     for system in report["systems"]:
         for workload, why in (system.get("skipped") or {}).items():
             lines.append(f"\n{system['name']} {workload}: not measured: {why}.")
+        for workload, row in (system.get("workloads") or {}).items():
+            if row.get("cut"):
+                cut = row["cut"]
+                lines.append(f"\n{system['name']} {workload}: cut at its {cut['limit_s']:.0f} s limit, "
+                             f"{row['requests']} requests finished and {cut['unfinished']} in flight left out "
+                             f"(phase {cut['phases_run']} of {cut['phases']}): its rate is the finished requests "
+                             "over the limit.")
     failed = [s for s in report["systems"] if "error" in s]
     lines += [f"\n{s['name']}: not measured ({s['error']})" for s in failed]
     return "\n".join(lines)
@@ -64,8 +76,8 @@ def table(report: dict[str, Any]) -> str:
         rate = mine["requests_per_s"] if mine else None
         ratios = [f"{rate / t['requests_per_s']:.2f}x" if mine and t else "-" for t in theirs]
         what = (mine or next(t for t in theirs if t))["description"]
-        lines.append(f"| {name} | {what} | {_fmt(rate, '.2f')} | "
-                     + " | ".join(_fmt(t and t["requests_per_s"], ".2f") for t in theirs) + " | "
+        lines.append(f"| {name} | {what} | {_rate(mine)} | "
+                     + " | ".join(_rate(t) for t in theirs) + " | "
                      + " | ".join(ratios) + " | "
                      + " / ".join(_fmt(r and r["latency_p50_s"], ".2f") for r in [mine, *theirs]) + " | "
                      + " / ".join(_hit(r) for r in [mine, *theirs]) + " |")

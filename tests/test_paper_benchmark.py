@@ -102,3 +102,36 @@ def test_the_report_names_the_cpu_and_the_ratio_and_pages_change_only_between_ma
     assert results_page.write_section(page, "t", "new table")
     assert page.read_text() == "before\n<!-- t:begin -->\nnew table\n<!-- t:end -->\nafter\n"
     assert not results_page.write_section(page, "missing", "x")
+
+
+def test_a_workload_past_its_time_limit_counts_what_finished_and_the_table_says_it_was_cut() -> None:
+    """A peer that takes minutes a request (vLLM's CPU build on HellaSwag, AVX2) is cut at the limit:
+    the finished requests over the limit, the unfinished ones cancelled and named, no later phase."""
+    from benchmarks import paper
+    from benchmarks.paper_client import CallResult
+
+    class SlowAfterTwo:
+        calls = 0
+
+        async def run(self, req: PaperRequest) -> CallResult:
+            SlowAfterTwo.calls += 1
+            await asyncio.sleep(0.01 if SlowAfterTwo.calls <= 2 else 30)
+            return CallResult(text=" A", latency_s=0.01, prompt_tokens=10, cached_tokens=5, completion_tokens=1)
+
+    row = asyncio.run(paper.run_workload(SlowAfterTwo(), "chat-short", 1, 8, limit_s=0.5))  # type: ignore[arg-type]
+    assert row is not None and row["requests"] == 2 and 0.5 <= row["seconds"] < 5
+    assert row["cut"]["unfinished"] > 0 and row["cut"]["phases_run"] == 1 < row["cut"]["phases"]
+    assert row["requests_per_s"] == pytest.approx(2 / row["seconds"])
+
+    class NeverDone:
+        async def run(self, req: PaperRequest) -> CallResult:
+            await asyncio.sleep(30)
+            raise AssertionError("cancelled before this")
+
+    assert asyncio.run(paper.run_workload(NeverDone(), "mmlu", 1, 8, limit_s=0.2)) is None  # type: ignore[arg-type]
+    report = {"cpu": "c", "date": "d", "command": "x", "wall_s": 60.0, "concurrency": 8, "select_routes": {},
+              "systems": [{"name": "radixserve", "workloads": {"chat-short": {**row, "cut": None}}},
+                          {"name": "vllm-cpu", "workloads": {"chat-short": row}}]}
+    text = paper_report.markdown(report)
+    assert f"| {row['requests_per_s']:.2f} (cut) |" in text
+    assert "vllm-cpu chat-short: cut at its 0 s limit, 2 requests finished" in text
