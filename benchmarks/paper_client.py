@@ -5,8 +5,10 @@ things differ by peer, each through that peer's fastest route that gives the cor
 
 - select (a choice among continuations, scored by the mean logprob of the choice's tokens, as
   SGLang's `select` does):
-  - radixserve: `/generate` with the prompt and each choice as token ids and `logprob_start_len`
-    at the choice, all choices in one batch request (the prompt is computed once and cached);
+  - radixserve: one-token choices as one `/generate` of one token with a +100 `logit_bias` on the
+    choices' tokens (one request and one logits row, as the peers' routes); longer choices with the
+    prompt and each choice as token ids and `logprob_start_len` at the choice, all choices in one
+    batch request (the prompt is computed once and cached);
   - vLLM: one-token choices as one generation of one token restricted to the choices'
     tokens (`allowed_token_ids`; greedy, so the answer is the choice of highest logprob);
     longer choices as one request per choice with `prompt_logprobs` (which vLLM serves without
@@ -32,7 +34,8 @@ import httpx
 from benchmarks.paper_workloads import PaperRequest
 
 SELECT_ROUTES = {
-    "radixserve": "/generate prompt logprobs from the choice (one batch call, prefix cached)",
+    "radixserve": "one-token choices: /generate 1 token with logit_bias +100 on the choices' ids (one request, "
+                  "prefix cached); longer: /generate prompt logprobs from the choice (one batch call, prefix cached)",
     "vllm": "one-token choices: 1 token with allowed_token_ids; longer: prompt_logprobs per choice (cache not read)",
     "llama.cpp": "one-token choices: 1 token with logit_bias +100; longer: echo+logprobs per choice (not run: see below)",
 }
@@ -108,7 +111,9 @@ class PaperClient:
         starts = [min(_common(base, ids), len(ids) - 1) for ids in full]
         one_token = all(len(ids) - s == 1 for ids, s in zip(full, starts)) and len({ids[-1] for ids in full}) == len(full)
         start = time.perf_counter()
-        if self.kind == "radixserve":
+        if self.kind == "radixserve" and one_token:
+            result = await self._select_native_one_token(full[0][: starts[0]], [ids[-1] for ids in full])
+        elif self.kind == "radixserve":
             result = await self._select_native(full, starts)
         elif one_token:
             result = await self._select_one_token(req.prompt, choices, [ids[-1] for ids in full])
@@ -129,6 +134,19 @@ class PaperClient:
         prompt = sum(o["meta_info"]["prompt_tokens"] for o in outs)
         cached = sum(o["meta_info"]["cached_tokens"] for o in outs)
         return max(range(len(scores)), key=scores.__getitem__), prompt, cached, 1
+
+    async def _select_native_one_token(self, prompt_ids: list[int],
+                                       token_ids: list[int]) -> tuple[int, int, int | None, int]:
+        """The choice whose token is likeliest next: one token, greedy, the choices' ids lifted over
+        every other (logit_bias, as llama.cpp's route): one request and one logits row, where
+        prompt logprobs score each choice as a request of its own."""
+        params = {"max_new_tokens": 1, "temperature": 0, "logit_bias": {str(t): 100.0 for t in token_ids}}
+        out = await self._post("/generate", {"input_ids": prompt_ids, "sampling_params": params})
+        picked = out["output_ids"][0]
+        if picked not in token_ids:
+            raise RuntimeError(f"radixserve: the restricted token {picked} is none of the choices' {token_ids}")
+        meta = out["meta_info"]
+        return token_ids.index(picked), meta["prompt_tokens"], meta["cached_tokens"], 1
 
     async def _select_one_token(self, prompt: str, choices: list[str],
                                 token_ids: list[int]) -> tuple[int, int, int | None, int]:

@@ -70,18 +70,30 @@ def test_radixserve_route_answers_a_select_with_the_choice_the_engine_scores_hig
             values = [v for v, _ in out.logprobs.input_token_logprobs if v is not None]
             scores.append(sum(values) / len(values))
 
+        # one-token choices (an MMLU letter): one request, one token with the choices lifted by logit_bias
+        stem, letters = prompt + " ", ["A", "B", "C", "D"]
+        head = engine.encode(stem)
+        assert all(engine.encode(stem + c)[:-1] == head for c in letters)  # each one token after the stem
+        scored = engine.generate(input_ids=[engine.encode(stem + c) for c in letters],
+                                 sampling_params={"max_new_tokens": 0, "return_logprob": True,
+                                                  "logprob_start_len": len(head)})
+        letter_scores = [o.logprobs.input_token_logprobs[-1][0] for o in scored]
+
         async def ask() -> tuple:
             client = PaperClient(server.url + "/v1", "radixserve", tokenizer)
             try:
                 picked = await client.run(PaperRequest(prompt, choices=choices))
+                letter = await client.run(PaperRequest(stem, choices=letters))
                 made = await client.run(PaperRequest(prompt, max_new_tokens=5))
-                return picked, made
+                return picked, letter, made
             finally:
                 await client.close()
 
-        picked, made = asyncio.run(ask())
+        picked, letter, made = asyncio.run(ask())
     assert picked.text == choices[max(range(3), key=scores.__getitem__)]
     assert picked.cached_tokens is not None and picked.http_calls == 1
+    assert letter.extra["one_token"] and letter.http_calls == 1
+    assert letter.text == letters[max(range(4), key=letter_scores.__getitem__)]
     assert made.completion_tokens == 5 and made.prompt_tokens > 0
 
 
