@@ -78,17 +78,11 @@ class TorchAttentionBackend:
             qi = q[start : start + n].transpose(0, 1)  # [H, n, D]
             ki = k_cache.index_select(0, slots).transpose(0, 1)  # [KVH, prefix + n, D]
             vi = v_cache.index_select(0, slots).transpose(0, 1)
-            # (a short extend, the decode kernel's where it is built, keeps the one masked call: two
-            # calls and their join cost more than the mask for a few tokens)
-            if prefix and n > SHORT_EXTEND and (window is None or window >= prefix + n) and q.device.type == "cpu":
-                oi = _over_prefix_and_causal(qi[None], ki[None], vi[None], prefix, scale)
-            else:
-                mask = _extend_mask(meta, i, prefix, n, window)
-                # 4-D inputs (a batch of one) take the CPU flash kernel; 3-D ones fall back to the
-                # math path (measured: 1.4 ms vs 10 ms for 512 tokens, 4 heads, head dim 256).
-                oi = F.scaled_dot_product_attention(qi[None], ki[None], vi[None], attn_mask=mask,
-                                                    is_causal=mask is None, scale=scale,
-                                                    enable_gqa=qi.shape[0] != ki.shape[0])
+            mask = _extend_mask(meta, i, prefix, n, window)
+            # 4-D inputs (a batch of one) take the CPU flash kernel; 3-D ones fall back to the
+            # math path (measured: 1.4 ms vs 10 ms for 512 tokens, 4 heads, head dim 256).
+            oi = F.scaled_dot_product_attention(qi[None], ki[None], vi[None], attn_mask=mask, is_causal=mask is None,
+                                                scale=scale, enable_gqa=qi.shape[0] != ki.shape[0])
             out[start : start + n] = oi[0].transpose(0, 1)
             start += n
 
@@ -112,26 +106,6 @@ class TorchAttentionBackend:
         scores = scores.masked_fill(~mask, float("-inf"))
         out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, KVH, G, D]
         return out.view(batch, kv_heads * group, dim).to(q.dtype)
-
-
-def _over_prefix_and_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int,
-                            scale: float) -> torch.Tensor:
-    """Attention of an extend's new tokens q [1, H, n, D] over their cached prefix and themselves
-    (k, v [1, KVH, prefix + n, D]) as two calls of the CPU flash kernel without a mask, every
-    prefix key in view, then the new keys causally (its top-left causal mask is the right one
-    there), joined by their log-sum-exps in float32: the mask that one call needs made the flash
-    kernel about 1.6x slower (75 new tokens over 390 cached, Gemma 3 270M's 4 heads of 256 over
-    one KV head, bf16, 2-core Xeon with AMX: 1.76 -> 1.10 ms a call)."""
-    heads, kv_heads = q.shape[1], k.shape[1]
-    if kv_heads != heads:  # the kernel takes as many KV heads as query heads
-        k = k[:, :, None].expand(-1, -1, heads // kv_heads, -1, -1).flatten(1, 2)
-        v = v[:, :, None].expand(-1, -1, heads // kv_heads, -1, -1).flatten(1, 2)
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    seen, seen_lse = flash(q, k[:, :, :prefix], v[:, :, :prefix], 0.0, False, scale=scale)
-    new, new_lse = flash(q, k[:, :, prefix:], v[:, :, prefix:], 0.0, True, scale=scale)
-    top = torch.maximum(seen_lse, new_lse)
-    w_seen, w_new = torch.exp(seen_lse - top)[..., None], torch.exp(new_lse - top)[..., None]
-    return ((seen.float() * w_seen + new.float() * w_new) / (w_seen + w_new)).to(q.dtype)
 
 
 def _decode_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> object | None:

@@ -30,9 +30,10 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, s
 @pytest.mark.parametrize("heads,kv_heads,dim", [(4, 1, 256), (8, 2, 32), (3, 3, 16)])
 def test_extends_over_a_cached_prefix_match_the_masked_reference(dtype: torch.dtype, window: int | None, heads: int,
                                                                  kv_heads: int, dim: int) -> None:
-    """Long extends over a prefix take two unmasked flash calls joined by their log-sum-exps (no
-    window, or one wider than the sequence); a narrow window keeps the masked call; a prompt with
-    nothing cached, the causal one. All agree with the float64 reference."""
+    """Extends over a prefix (one masked flash call each), with a window narrower and wider than the
+    sequence, and a prompt with nothing cached (the causal call): all agree with the float64
+    reference. (Two unmasked calls joined by their log-sum-exps were tried and measured slower but
+    at one shape: 2026-11-28, docs/benchmarks.md.)"""
     gen = torch.Generator().manual_seed(heads * dim)
     prefixes, extends = [390, 0, 17, 64], [75, 40, 33, 17]
     slots = 1024
