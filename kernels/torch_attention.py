@@ -3,15 +3,12 @@
 Extend requests attend causally over their cached prefix plus their own new tokens, one
 `scaled_dot_product_attention` call each (a handful per batch; the loop is over requests, never
 tokens). Decode requests are done together: on the CPU by one fused kernel that reads each request's
-slots straight from the pool (kernels/cpu_ops.py), with the short extends over a cached prefix
-(drafts, a select's choices, short turns: `_kernel_rows`) as rows of their own; else their KV is gathered into a padded
+slots straight from the pool (kernels/cpu_ops.py), else their KV is gathered into a padded
 [B, kv_heads, L, head_dim] block with a length mask. A sliding window is only a narrower mask,
 and for decode a narrower gather (just the last `window` slots).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -36,23 +33,14 @@ class TorchAttentionBackend:
         """q: [T, H, D]; k, v: [T, KVH, D] (new tokens); caches: [S, KVH, D]. Returns [T, H, D]."""
         self.store_kv(k, v, k_cache, v_cache, meta)
         ops = _decode_kernel(q, k_cache, v_cache, meta)
-        plan = _kernel_rows(meta) if ops is not None else None
-        if plan is not None and plan.take is None:
+        rows = _rows_as_decode(meta) if ops is not None else None
+        if rows is not None:
             # a decode step, or one whose extends are all short: the kernel's output is the whole
             # result (no output to fill in slices: on a one-row step those few torch calls cost as
             # much as the kernel, every layer)
-            return ops.decode_attention(q, k_cache, v_cache, meta.slot_table, plan.rows, plan.seq_lens, window or 0,
-                                        scale)
+            return ops.decode_attention(q, k_cache, v_cache, meta.slot_table, rows[0], rows[1], window or 0, scale)
         out = torch.empty_like(q)
         n_ext = meta.num_extend_tokens
-        if plan is not None:
-            # long extends through scaled_dot_product_attention, the short ones and the decodes
-            # through the kernel: a prompt beside the choices of a select or a few short turns
-            self._extend(q[:n_ext], k_cache, v_cache, meta, scale, window, out[:n_ext], only=plan.long)
-            out.index_copy_(0, plan.take, ops.decode_attention(q.index_select(0, plan.take), k_cache, v_cache,
-                                                               meta.slot_table, plan.rows, plan.seq_lens,
-                                                               window or 0, scale))
-            return out
         if meta.num_extend_reqs:
             self._extend(q[:n_ext], k_cache, v_cache, meta, scale, window, out[:n_ext])
         if meta.num_decode_reqs:
@@ -65,15 +53,11 @@ class TorchAttentionBackend:
         return out
 
     def _extend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                scale: float, window: int | None, out: torch.Tensor, only: set[int] | None = None) -> None:
-        """The extends' rows of `out` (those of the requests in `only`, where given)."""
+                scale: float, window: int | None, out: torch.Tensor) -> None:
         start = 0
         table = meta.batch_table()
         for i in range(meta.num_extend_reqs):
             prefix, n = meta.prefix_lens[i], meta.extend_lens[i]
-            if only is not None and i not in only:
-                start += n
-                continue
             slots = table[i, : prefix + n]
             qi = q[start : start + n].transpose(0, 1)  # [H, n, D]
             ki = k_cache.index_select(0, slots).transpose(0, 1)  # [KVH, prefix + n, D]
@@ -120,54 +104,30 @@ def _decode_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
 SHORT_EXTEND = 16  # new tokens a request may have for its queries to go through the decode kernel
 
 
-@dataclass(frozen=True)
-class KernelRows:
-    """The query rows a step's decode-kernel call takes: their slot-table rows and KV lengths, the
-    positions of q they are (None: every one) and the extend requests left to the causal kernel."""
-
-    rows: torch.Tensor
-    seq_lens: torch.Tensor
-    take: torch.Tensor | None = None
-    long: frozenset[int] = frozenset()
-
-
-def _kernel_rows(meta: AttentionMetadata) -> KernelRows | None:
-    """The queries the decode kernel takes this step: every decode, and every extend of at most
-    SHORT_EXTEND tokens over a cached prefix (a jump-forward or n-gram draft, a select's choice, a
-    short turn over a cached prefix). New token t of a request with `prefix` cached attends to its
-    first prefix + t + 1 slots: the causal mask, row by row, and the same arithmetic a decode step
-    gives that token. Longer extends, and prompts with nothing cached, keep scaled_dot_product_attention
-    (its blocked kernel is the faster past a few dozen tokens, and gathers only a prompt's own
-    tokens). One such call a request (a gather of its whole KV, a mask and a call, every layer)
-    took 13% of a jump-forward step at 8 streams (default model, 2-core Zen 3); with a long extend
-    beside them, a select's 15 one-token choices took a third of a step on a 2-core Xeon with AMX.
-    None where the kernel takes no query; worked out once a step."""
-    key = ("kernel rows",)
+def _rows_as_decode(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each query token's slot-table row and KV length, where the decode kernel can take the whole
+    step: every request decoding, or extending a cached prefix by at most SHORT_EXTEND tokens (a
+    jump-forward or n-gram draft, a short turn over a cached prefix; a prompt with nothing cached
+    keeps the causal kernel, which gathers only its own tokens). New token t of a request with `prefix` cached
+    attends to its first prefix + t + 1 slots: the causal mask, row by row, and the same arithmetic
+    a decode step gives that token. One scaled_dot_product_attention a request (a gather of its
+    whole KV, a mask and a call, every layer) took 13% of a jump-forward step at 8 streams (default
+    model, 2-core Zen 3); past a few dozen tokens its blocked kernel is the faster. None otherwise;
+    worked out once a step."""
+    key = ("rows as decode",)
     if key not in meta.cache:
         n_ext = meta.num_extend_reqs
-        prefixes, extends = meta.prefix_lens[:n_ext], meta.extend_lens[:n_ext]
-        long = frozenset(i for i, (p, n) in enumerate(zip(prefixes, extends)) if n > SHORT_EXTEND or p == 0)
         if not n_ext:
-            meta.cache[key] = KernelRows(meta.rows, meta.seq_lens_t)
-        elif len(long) == n_ext and not meta.num_decode_reqs:
+            meta.cache[key] = (meta.rows, meta.seq_lens_t)
+        elif max(meta.extend_lens[:n_ext]) > SHORT_EXTEND or min(meta.prefix_lens[:n_ext]) == 0:
             meta.cache[key] = None
         else:
             device = meta.device
-            short = [i for i in range(n_ext) if i not in long]
-            counts = torch.tensor([extends[i] for i in short], dtype=torch.int64, device=device)
-            lens = [prefixes[i] + t + 1 for i in short for t in range(extends[i])]
-            picked = torch.tensor(short, dtype=torch.int64, device=device)
-            rows = torch.cat([meta.rows[:n_ext].index_select(0, picked).repeat_interleave(counts), meta.rows[n_ext:]])
+            counts = torch.tensor(meta.extend_lens[:n_ext], dtype=torch.int64, device=device)
+            lens = [p + t + 1 for p, n in zip(meta.prefix_lens[:n_ext], meta.extend_lens[:n_ext]) for t in range(n)]
+            rows = torch.cat([meta.rows[:n_ext].repeat_interleave(counts), meta.rows[n_ext:]])
             seq = torch.cat([torch.tensor(lens, dtype=torch.int32, device=device), meta.seq_lens_t[n_ext:]])
-            take = None
-            if long:
-                starts = [0]
-                for n in extends:
-                    starts.append(starts[-1] + n)
-                positions = [starts[i] + t for i in short for t in range(extends[i])]
-                positions += range(starts[-1], starts[-1] + meta.num_decode_reqs)
-                take = torch.tensor(positions, dtype=torch.int64, device=device)
-            meta.cache[key] = KernelRows(rows, seq, take, long)
+            meta.cache[key] = (rows, seq)
     return meta.cache[key]  # type: ignore[return-value]
 
 

@@ -154,53 +154,6 @@ def test_short_extends_take_the_decode_kernel_with_the_causal_mask(dtype: torch.
 
 
 @needs_ops
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("window", [None, 6])
-def test_beside_a_long_extend_the_short_ones_and_the_decodes_still_take_the_kernel(
-        dtype: torch.dtype, window: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A step with long extends (40 new tokens over a prefix, a prompt with nothing cached) beside
-    short ones and decodes (a select's choices next to the next question's prompt): the long ones
-    go through scaled_dot_product_attention, bit for bit what the per-request path gives them, and
-    the rest through the decode kernel, each row the bits a decode step of that token alone gives."""
-    from kernels import torch_attention
-
-    heads, kv_heads, dim = 4, 1, 64
-    gen = torch.Generator().manual_seed(11)
-    slots, prefixes, extends = 640, [2, 37, 10, 0, 120, 5, 60], [3, 16, 40, 9, 7, 1, 1]
-    k_cache = torch.randn(slots, kv_heads, dim, generator=gen).to(dtype)
-    v_cache = torch.randn(slots, kv_heads, dim, generator=gen).to(dtype)
-    table = torch.zeros(len(prefixes) + 1, 160, dtype=torch.int64)
-    order = torch.randperm(slots, generator=gen)
-    for i, (p, n) in enumerate(zip(prefixes, extends)):
-        table[i + 1, : p + n] = order[: p + n].roll(11 * i)
-    rows = torch.arange(1, len(prefixes) + 1)
-    out_slots = torch.cat([table[i + 1, p : p + n] for i, (p, n) in enumerate(zip(prefixes, extends))])
-    tokens = sum(extends)
-    q = torch.randn(tokens, heads, dim, generator=gen).to(dtype)
-    k = torch.randn(tokens, kv_heads, dim, generator=gen).to(dtype)
-    v = torch.randn(tokens, kv_heads, dim, generator=gen).to(dtype)
-
-    def run(short: int) -> torch.Tensor:
-        monkeypatch.setattr(torch_attention, "SHORT_EXTEND", short)
-        meta = AttentionMetadata.build(out_slots, table, prefixes, extends, rows)
-        plan = torch_attention._kernel_rows(meta)
-        assert short == 0 or plan is not None and plan.long == {2, 3} and len(plan.take) == 3 + 16 + 7 + 2
-        return TorchAttentionBackend().forward(q, k, v, k_cache.clone(), v_cache.clone(), meta, 0.125, window)
-
-    mixed, per_request = run(16), run(0)
-    close(mixed, per_request)
-    long_rows = slice(3 + 16, 3 + 16 + 40 + 9)
-    assert torch.equal(mixed[long_rows], per_request[long_rows])
-    k_after, v_after = k_cache.clone(), v_cache.clone()
-    k_after.index_copy_(0, out_slots, k)
-    v_after.index_copy_(0, out_slots, v)
-    for at, row, length in ((3 + 5, 2, 37 + 6), (tokens - 1, 7, 60 + 1), (3 + 16 + 40 + 9 + 2, 5, 120 + 3)):
-        alone = OPS.decode_attention(q[at : at + 1], k_after, v_after, table, rows[row - 1 : row],
-                                     torch.tensor([length], dtype=torch.int32), window or 0, 0.125)
-        assert torch.equal(mixed[at : at + 1], alone), at
-
-
-@needs_ops
 def test_rows_are_independent() -> None:
     """A request's numbers are the same bits alone as in a batch of others."""
     gen = torch.Generator().manual_seed(3)
