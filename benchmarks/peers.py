@@ -61,10 +61,14 @@ LLAMA_WITHOUT_AMX = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=
                      "-DGGML_AVX512_BF16=ON")
 
 
+def _cpu_flags() -> str:
+    """/proc/cpuinfo's flags line (the first CPU's), "" where there is none."""
+    return next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+
+
 def _build_env(name: str) -> dict[str, str] | None:
     """The environment pip builds a peer in: llama.cpp without AMX on CPUs that report it, else None."""
-    flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    if name == "llama.cpp" and " amx_int8" in flags:
+    if name == "llama.cpp" and " amx_int8" in _cpu_flags():
         return {**os.environ, "CMAKE_ARGS": LLAMA_WITHOUT_AMX}
     return None
 
@@ -136,7 +140,7 @@ def measure(name: str, venv: str | None, packages: list[str], args: list[str], p
 def cpu_name() -> str:
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), platform.processor())
-    flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    flags = _cpu_flags()
     kinds = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f" {f}" in flags]
     return f"{model}, {os.cpu_count()} cores, {' '.join(kinds) or 'no AVX2'}"
 
