@@ -111,8 +111,9 @@ class PaperClient:
         starts = [min(_common(base, ids), len(ids) - 1) for ids in full]
         one_token = all(len(ids) - s == 1 for ids, s in zip(full, starts)) and len({ids[-1] for ids in full}) == len(full)
         start = time.perf_counter()
-        if self.kind == "radixserve" and one_token:
-            result = await self._select_native_one_token(full[0][: starts[0]], [ids[-1] for ids in full])
+        # one request holds one prompt: every choice's token must follow the same prompt tokens
+        if self.kind == "radixserve" and one_token and all(ids[:-1] == full[0][:-1] for ids in full):
+            result = await self._select_native_one_token(full[0][:-1], [ids[-1] for ids in full])
         elif self.kind == "radixserve":
             result = await self._select_native(full, starts)
         elif one_token:
