@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from runtime.output import TokenLogprob
+from runtime.sampling.argmax import argmax_rows
 from runtime.sampling_params import SamplingParams
 
 M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -168,7 +169,7 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     picked = torch.searchsorted(cdf, target, right=True).clamp_(max=probs.shape[-1] - 1)
     # Rounding can land past the last token with mass (u close to 1): take the likeliest instead.
     empty = probs.gather(1, picked) <= 0
-    return torch.where(empty, probs.argmax(-1, keepdim=True), picked).squeeze(1)
+    return torch.where(empty, argmax_rows(probs)[:, None], picked).squeeze(1)
 
 
 def verify_draft(probs: torch.Tensor, draft: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -255,7 +256,7 @@ class Sampler:
             logits = logits.clone() if not penalised else logits
             idx = device_ids(adjusted, logits.device)
             logits[idx] = apply_bias_and_min_tokens(logits[idx], [rows[i] for i in adjusted], self.stop_token_ids)
-        tokens = logits.argmax(dim=-1)  # greedy rows are done
+        tokens = argmax_rows(logits)  # greedy rows are done
         random = [i for i, p in enumerate(params) if not p.greedy]
         if random:
             device = logits.device
