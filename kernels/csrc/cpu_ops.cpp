@@ -252,62 +252,88 @@ inline const float* key_row(const T* ks, int64_t slot, int64_t kv_heads, int64_t
   }
 }
 
-// One piece of a request's attention for the query heads of one KV head: for keys
-// slots[0:count], the running max, sum of exp and exp-weighted sum of values per query head.
+// One query head's share of a unit of attention work: unit keys [from, to), the keys of one piece
+// of its own span, and where its max score, sum of exp and exp-weighted sum of values go.
+struct QueryPiece {
+  int64_t from, to;
+  float* top;
+  float* total;
+  float* acc;
+};
+
+// The pieces of several query heads of one KV head over keys slots[0:span]: the heads sharing the
+// KV head (GQA) and, for a run of one request's new tokens (a jump-forward or n-gram draft, a short
+// turn: each a row of its own), the same piece of each token's span, which differ by a key a
+// token. Each K and V row is loaded and converted once for all of them; a draft of 4 tokens once
+// read its request's KV 5 times, and attention was a quarter of a jump-forward step (8 streams,
+// default model, Xeon with AMX). Each head's result is what it gets alone, bit for bit: a key's
+// score does not depend on the keys beside it (dot8), and the max, the sum of exp and the values'
+// sum run over its own keys in the same order. So a token's attention is the same in a draft's
+// run as in a decode step.
 template <typename T>
-void attend_piece(const float* qf, int64_t group, int64_t dim, const T* ks, const T* vs, const int64_t* slots,
-                  int64_t count, int64_t kv_heads, int64_t kh, float scale, float* top, float* total, float* acc) {
-  std::vector<float> row(8 * dim), scores(group * count);
+void attend_unit(const float* qf, int64_t queries, int64_t dim, const T* ks, const T* vs, const int64_t* slots,
+                 int64_t span, int64_t kv_heads, int64_t kh, float scale, const QueryPiece* out) {
+  std::vector<float> row(8 * dim), scores(queries * span);
   int64_t j = 0;
 #if defined(__AVX2__) && defined(__FMA__)
   if (dim % 8 == 0)
-    for (; j < count; j += 8) {  // the last block repeats its last key where fewer than 8 are left
+    for (; j < span; j += 8) {  // the last block repeats its last key where fewer than 8 are left
       const float* k[8];
       for (int i = 0; i < 8; ++i) {
-        k[i] = key_row(ks, slots[std::min(j + i, count - 1)], kv_heads, kh, dim, row.data() + i * dim);
+        k[i] = key_row(ks, slots[std::min(j + i, span - 1)], kv_heads, kh, dim, row.data() + i * dim);
         // the next block's rows: slots are pages of the pool, anywhere in it, where the hardware's
         // stream prefetcher does not follow (4000 keys on scattered slots, one thread: 2.9 against 1.7 ms)
-        if (j + 8 + i < count) prefetch_row(ks + (slots[j + 8 + i] * kv_heads + kh) * dim, dim);
+        if (j + 8 + i < span) prefetch_row(ks + (slots[j + 8 + i] * kv_heads + kh) * dim, dim);
       }
       const __m256 by = _mm256_set1_ps(scale);
-      for (int64_t g = 0; g < group; ++g) {
+      for (int64_t q = 0; q < queries; ++q) {
         alignas(32) float eight[8];
-        _mm256_store_ps(eight, _mm256_mul_ps(dot8(qf + g * dim, k, dim), by));
-        std::memcpy(scores.data() + g * count + j, eight, std::min<int64_t>(8, count - j) * sizeof(float));
+        _mm256_store_ps(eight, _mm256_mul_ps(dot8(qf + q * dim, k, dim), by));
+        std::memcpy(scores.data() + q * span + j, eight, std::min<int64_t>(8, span - j) * sizeof(float));
       }
     }
 #endif
-  for (; j < count; ++j) {
+  for (; j < span; ++j) {
     const float* k = key_row(ks, slots[j], kv_heads, kh, dim, row.data());  // once for every query head
-    for (int64_t g = 0; g < group; ++g) scores[g * count + j] = dot(qf + g * dim, k, dim) * scale;
+    for (int64_t q = 0; q < queries; ++q) scores[q * span + j] = dot(qf + q * dim, k, dim) * scale;
   }
-  for (int64_t g = 0; g < group; ++g) {
-    float* sg = scores.data() + g * count;
+  int64_t lo = span, hi = 0;
+  for (int64_t q = 0; q < queries; ++q) {
+    const QueryPiece& p = out[q];
+    float* sq = scores.data() + q * span;
     float m = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < count; ++j) m = std::max(m, sg[j]);
+    for (int64_t j = p.from; j < p.to; ++j) m = std::max(m, sq[j]);
     float sum = 0.f;
-    for (int64_t j = 0; j < count; ++j) {
-      sg[j] = std::exp(sg[j] - m);
-      sum += sg[j];
+    for (int64_t j = p.from; j < p.to; ++j) {
+      sq[j] = std::exp(sq[j] - m);
+      sum += sq[j];
     }
-    top[g] = m;
-    total[g] = sum;
+    *p.top = m;
+    *p.total = sum;
+    std::fill(p.acc, p.acc + dim, 0.f);
+    lo = std::min(lo, p.from);
+    hi = std::max(hi, p.to);
   }
-  std::fill(acc, acc + group * dim, 0.f);
-  for (int64_t j = 0; j < count; ++j) {
-    if (j + 4 < count) prefetch_row(vs + (slots[j + 4] * kv_heads + kh) * dim, dim);
+  for (int64_t j = lo; j < hi; ++j) {
+    if (j + 4 < hi) prefetch_row(vs + (slots[j + 4] * kv_heads + kh) * dim, dim);
     const float* v = key_row(vs, slots[j], kv_heads, kh, dim, row.data());
-    for (int64_t g = 0; g < group; ++g) axpy(scores[g * count + j], v, acc + g * dim, dim);
+    for (int64_t q = 0; q < queries; ++q)
+      if (out[q].from <= j && j < out[q].to) axpy(scores[q * span + j], v, out[q].acc, dim);
   }
 }
 
-// One new token per request attending to its KV: request b reads slots
+// Tokens of one request taken together by attend_unit, at most: bounds a unit's scores.
+constexpr int64_t kMaxRun = 16;
+
+// One new token per query row attending to its KV: row b reads slots
 // slot_table[rows[b], start:seq_lens[b]] (start = seq_len - window for a sliding window, else 0)
 // straight from the pool, no gathered copy. Scores, softmax and the weighted sum in float; the
-// query heads sharing a KV head (GQA) are done together, so each K and V row is converted once.
-// Work is cut into (request, KV head, piece of at most kSpanPiece keys) and spread over the
-// threads; the pieces of a request are merged in order, so its result does not depend on the
-// thread count or on the other requests. q: [B, H, D]; caches: [S, KVH, D]; returns [B, H, D].
+// query heads sharing a KV head (GQA) are done together, so each K and V row is converted once,
+// and so are adjacent rows of one request (the same slot-table row: a draft's tokens).
+// A row's span is cut into pieces of kSpanPiece keys from its start (flash-decoding), merged in
+// order, so its result does not depend on the thread count or on the other rows. Work is cut
+// into (run of rows, piece, KV head) and spread over the threads. q: [B, H, D]; caches:
+// [S, KVH, D]; returns [B, H, D].
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                             const at::Tensor& slot_table, const at::Tensor& rows, const at::Tensor& seq_lens,
                             int64_t window, double scale) {
@@ -329,20 +355,43 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   const int64_t table_stride = slot_table.stride(0);
   const int64_t* row_of = rows.data_ptr<int64_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
-  // The pieces: (request, first key, key count), each for every KV head.
-  std::vector<int64_t> piece_req, piece_first, piece_count, req_first_piece(batch + 1);
+  // Each row's pieces: piece k holds keys [start + k * kSpanPiece, ...) of its span, at least one.
+  std::vector<int64_t> row_start(batch), first_piece(batch + 1), piece_count;
   for (int64_t b = 0; b < batch; ++b) {
-    req_first_piece[b] = static_cast<int64_t>(piece_req.size());
-    const int64_t len = lens[b], first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-    for (int64_t start = first; start < len || start == first; start += kSpanPiece) {
-      piece_req.push_back(b);
-      piece_first.push_back(start);
-      piece_count.push_back(std::max<int64_t>(0, std::min(kSpanPiece, len - start)));
-      if (start >= len) break;
-    }
+    const int64_t len = lens[b], start = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+    row_start[b] = start;
+    first_piece[b] = static_cast<int64_t>(piece_count.size());
+    const int64_t n = std::max<int64_t>(1, (len - start + kSpanPiece - 1) / kSpanPiece);
+    for (int64_t k = 0; k < n; ++k)
+      piece_count.push_back(std::max<int64_t>(0, std::min(kSpanPiece, len - start - k * kSpanPiece)));
   }
-  req_first_piece[batch] = static_cast<int64_t>(piece_req.size());
-  const int64_t pieces = static_cast<int64_t>(piece_req.size());
+  first_piece[batch] = static_cast<int64_t>(piece_count.size());
+  // Runs of adjacent rows of one request, halved while there are fewer than the threads to share
+  // them (one stream's draft would otherwise run on one thread).
+  std::vector<std::pair<int64_t, int64_t>> runs;  // [first row, end)
+  for (int64_t b = 0; b < batch; ++b)
+    if (!runs.empty() && row_of[b] == row_of[runs.back().first] && b - runs.back().first < kMaxRun)
+      runs.back().second = b + 1;
+    else
+      runs.push_back({b, b + 1});
+  const int64_t threads = at::get_num_threads();
+  while (static_cast<int64_t>(runs.size()) * kv_heads < threads) {
+    auto longest = std::max_element(runs.begin(), runs.end(), [](const auto& x, const auto& y) {
+      return x.second - x.first < y.second - y.first;
+    });
+    if (longest->second - longest->first < 2) break;
+    const int64_t mid = longest->first + (longest->second - longest->first) / 2, end = longest->second;
+    longest->second = mid;
+    runs.insert(longest + 1, {mid, end});
+  }
+  // Units: (run, piece index k) for every k some row of the run has.
+  std::vector<std::pair<int64_t, int64_t>> units;  // (run, k)
+  for (int64_t r = 0; r < static_cast<int64_t>(runs.size()); ++r) {
+    int64_t most = 0;
+    for (int64_t b = runs[r].first; b < runs[r].second; ++b) most = std::max(most, first_piece[b + 1] - first_piece[b]);
+    for (int64_t k = 0; k < most; ++k) units.push_back({r, k});
+  }
+  const int64_t pieces = first_piece[batch], tasks = static_cast<int64_t>(units.size()) * kv_heads;
   std::vector<float> tops(pieces * heads), totals(pieces * heads), accs(pieces * heads * dim);
   at::Tensor out = at::empty({batch, heads, dim}, q.options());
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "decode_attention", [&] {
@@ -351,30 +400,47 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
     const scalar_t* vs = v_cache.data_ptr<scalar_t>();
     scalar_t* os = out.data_ptr<scalar_t>();
     // A short step (one request, a few hundred keys) stays on this thread.
-    const int64_t grain = pieces * kv_heads > 1 ? 1 : 2;
-    at::parallel_for(0, pieces * kv_heads, grain, [&](int64_t begin, int64_t end) {
-      std::vector<float> qf(group * dim);
+    at::parallel_for(0, tasks, tasks > 1 ? 1 : 2, [&](int64_t begin, int64_t end) {
+      std::vector<float> qf(kMaxRun * group * dim);
+      std::vector<QueryPiece> parts(kMaxRun * group);
       for (int64_t task = begin; task < end; ++task) {
-        const int64_t piece = task / kv_heads, kh = task % kv_heads, b = piece_req[piece];
-        for (int64_t g = 0; g < group; ++g)
-          to_float(qs + b * q.stride(0) + (kh * group + g) * q.stride(1), qf.data() + g * dim, dim);
-        const int64_t at = piece * heads + kh * group;
-        attend_piece(qf.data(), group, dim, ks, vs, table + row_of[b] * table_stride + piece_first[piece],
-                     piece_count[piece], kv_heads, kh, static_cast<float>(scale), tops.data() + at,
-                     totals.data() + at, accs.data() + at * dim);
+        const auto [r, k] = units[task / kv_heads];
+        const int64_t kh = task % kv_heads;
+        const auto [b0, b1] = runs[r];
+        // The unit's keys: from the first row's piece start to the furthest piece end.
+        int64_t lo = std::numeric_limits<int64_t>::max(), hi = 0;
+        for (int64_t b = b0; b < b1; ++b)
+          if (k < first_piece[b + 1] - first_piece[b]) {
+            const int64_t from = row_start[b] + k * kSpanPiece;
+            lo = std::min(lo, from);
+            hi = std::max(hi, from + piece_count[first_piece[b] + k]);
+          }
+        int64_t queries = 0;
+        for (int64_t b = b0; b < b1; ++b) {
+          if (k >= first_piece[b + 1] - first_piece[b]) continue;
+          const int64_t piece = first_piece[b] + k, from = row_start[b] + k * kSpanPiece - lo;
+          for (int64_t g = 0; g < group; ++g, ++queries) {
+            to_float(qs + b * q.stride(0) + (kh * group + g) * q.stride(1), qf.data() + queries * dim, dim);
+            const int64_t at = piece * heads + kh * group + g;
+            parts[queries] = {from, from + piece_count[piece], tops.data() + at, totals.data() + at,
+                              accs.data() + at * dim};
+          }
+        }
+        attend_unit(qf.data(), queries, dim, ks, vs, table + row_of[b0] * table_stride + lo, std::max<int64_t>(0, hi - lo),
+                    kv_heads, kh, static_cast<float>(scale), parts.data());
       }
     });
-    // Merge each request's pieces, in order.
+    // Merge each row's pieces, in order.
     at::parallel_for(0, batch * heads, 64, [&](int64_t begin, int64_t end) {
       std::vector<float> acc(dim);
       for (int64_t task = begin; task < end; ++task) {
         const int64_t b = task / heads, h = task % heads;
         float m = -std::numeric_limits<float>::infinity();
-        for (int64_t p = req_first_piece[b]; p < req_first_piece[b + 1]; ++p)
+        for (int64_t p = first_piece[b]; p < first_piece[b + 1]; ++p)
           if (piece_count[p] > 0) m = std::max(m, tops[p * heads + h]);
         std::fill(acc.begin(), acc.end(), 0.f);
         float sum = 0.f;
-        for (int64_t p = req_first_piece[b]; p < req_first_piece[b + 1]; ++p) {
+        for (int64_t p = first_piece[b]; p < first_piece[b + 1]; ++p) {
           if (piece_count[p] == 0) continue;
           const float w = std::exp(tops[p * heads + h] - m);
           sum += w * totals[p * heads + h];

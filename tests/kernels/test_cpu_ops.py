@@ -172,6 +172,46 @@ def test_rows_are_independent() -> None:
 
 
 @needs_ops
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [None, 6, 1030])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_requests_run_of_tokens_reads_its_kv_once_and_each_token_gets_its_own_bits(
+        dtype: torch.dtype, window: int | None, threads: int) -> None:
+    """Adjacent rows of one request (a draft's tokens) are one unit of the kernel's work; each row
+    is still the bits it gets alone: spans across the kernel's 1024-key pieces, a sliding window
+    that moves a key a token, a run longer than a unit takes (20 > 16), one request alone (its run
+    halved over the threads)."""
+    gen = torch.Generator().manual_seed(11)
+    kv_heads, heads, dim, slots = 2, 6, 32, 2600
+    k_cache = torch.randn(slots, kv_heads, dim, generator=gen).to(dtype)
+    v_cache = torch.randn(slots, kv_heads, dim, generator=gen).to(dtype)
+    table = torch.randperm(slots, generator=gen)[None].repeat(4, 1)
+    table[2] = table[2].roll(100)
+    # (table row, first length, tokens): lengths grow by one a token, as a draft's do
+    runs = [(1, 1020, 9), (2, 3, 4), (3, 2040, 20), (2, 500, 1)]
+    rows = torch.tensor([r for r, _, n in runs for _ in range(n)])
+    lens = torch.tensor([first + t for _, first, n in runs for t in range(n)], dtype=torch.int32)
+    q = torch.randn(len(rows), heads, dim, generator=gen).to(dtype)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        together = OPS.decode_attention(q, k_cache, v_cache, table, rows, lens, window or 0, 0.3)
+        for i in range(len(rows)):
+            alone = OPS.decode_attention(q[i : i + 1], k_cache, v_cache, table, rows[i : i + 1], lens[i : i + 1],
+                                         window or 0, 0.3)
+            assert torch.equal(together[i : i + 1], alone), i
+        one_request = OPS.decode_attention(q[13:33], k_cache, v_cache, table, rows[13:33], lens[13:33], window or 0, 0.3)
+        assert torch.equal(one_request, together[13:33])
+    finally:
+        torch.set_num_threads(before)
+    want = TorchAttentionBackend()._decode(q[:9], k_cache, v_cache,
+                                           AttentionMetadata.build(torch.zeros(9, dtype=torch.int64), table,
+                                                                   [n - 1 for n in lens[:9].tolist()], [1] * 9,
+                                                                   rows[:9]), 0.3, window)
+    close(together[:9], want)
+
+
+@needs_ops
 def test_bad_input_is_a_clear_error() -> None:
     x = torch.randn(2, 8)
     with pytest.raises(RuntimeError, match="one weight per column"):
