@@ -79,8 +79,10 @@ class StepLogits:
             computed = self._full(self.hidden.index_select(0, _ids(wide, table.device)))
             table.index_copy_(0, _ids([self._position[r] for r in wide], table.device), computed)
         narrow = [r for r in order if r in allowed]
-        at = _ids([self._position[r] for r in narrow], table.device)
-        table.index_fill_(0, at, float("-inf"))
+        places = [self._position[r] for r in narrow]
+        at = _ids(places, table.device)
+        for start, stop in _runs(places):  # slices: index_fill_ over rows was 2x slower than a memset's rate
+            table[start:stop].fill_(float("-inf"))
         ids = [allowed[r] for r in narrow]
         counts = torch.tensor([len(i) for i in ids], dtype=torch.int64, device="cpu")
         owner = torch.arange(len(ids), device="cpu").repeat_interleave(counts).to(table.device)
@@ -142,6 +144,17 @@ def weight_rows_of(weight: object) -> Callable[[torch.Tensor], torch.Tensor] | N
     except NotImplementedError:
         return None
     return lambda ids: rows(ids, torch.float32)
+
+
+def _runs(places: list[int]) -> list[tuple[int, int]]:
+    """Sorted distinct row places as [start, stop) runs of consecutive ones."""
+    runs: list[tuple[int, int]] = []
+    for place in sorted(places):
+        if runs and runs[-1][1] == place:
+            runs[-1] = (runs[-1][0], place + 1)
+        else:
+            runs.append((place, place + 1))
+    return runs
 
 
 def _ids(values: list[int], device: torch.device) -> torch.Tensor:
