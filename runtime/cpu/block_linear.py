@@ -21,6 +21,7 @@ v and down projections in Q6_K) holds one part per run of rows, concatenated in 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 
 import torch
@@ -91,6 +92,7 @@ def add_wide_copies(model: nn.Module, dtype: torch.dtype, available_bytes: int) 
         return 0
     for weight in weights:
         weight.wide_copy = linear_kernel(weight.dequantize(0, weight.shape[0], dtype), None, packed=True)  # type: ignore[attr-defined]
+        weight.wide_dtype = dtype  # type: ignore[attr-defined]
     logger.info("gguf: packed %s copies of the weights for wide products (%.2f GiB; a small model)",
                 str(dtype).removeprefix("torch."), total / 2**30)
     return total
@@ -137,14 +139,59 @@ class BlockEmbedding(nn.Module):
         return self.weight.nbytes()
 
 
+COPY_TRIED = (2, 4, 8)  # row counts BlockOutputLayer.warm_up times: past WIDE_ROWS the copy serves anyway
+
+
 class BlockOutputLayer(OutputLayer):
     """The output layer over shipped weights: the same rule as the linear layers (codes for a
-    decode step, dequantized slices past WIDE_ROWS). Not timed per batch size as the tensor ways
-    are (runtime/cpu/output_layer.py): timing the slices at every small size cost seconds of
-    start-up for a choice the row count already makes."""
+    decode step, dequantized slices past WIDE_ROWS), except that where a small model keeps a packed
+    copy (add_wide_copies) the copy takes products from the row count where it was timed faster.
+    The codes' kernels cost a multiply-add a weight a row: at the default model's 262k x 640
+    layer, timed on the engine's thread of a 2-core Xeon with AMX, 9, 14 and 21 ms for 2, 4 and 8
+    rows, against about 14.5 for oneDNN's packed bf16 copy at any of them; 8 decode streams went
+    from 164 to 191 tok/s with the copy, 4 streams lost a fifth with it. Which side wins, and
+    where, depends on the CPU (and on how much of the codes its cache holds), so it is timed on
+    each machine (`warm_up`), at a few row counts only: timing the slices at every small size cost
+    seconds of start-up for a choice the row count already makes."""
 
-    def __call__(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def __init__(self) -> None:
+        self.copy_from: int | None = None  # the fewest rows (<= WIDE_ROWS) the packed copy serves (None: none)
+
+    def __call__(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        copy = getattr(weight, "wide_copy", None)
+        if copy is not None and self.copy_from is not None and hidden.shape[0] >= self.copy_from:
+            return copy(hidden).float()
         return block_product(weight, hidden).float()  # type: ignore[arg-type]
+
+    def warm_up(self, weight: object, max_rows: int) -> None:
+        """On the thread that will serve, before the first step (runtime/exec/model_runner.py): time
+        the codes against the packed copy at COPY_TRIED rows (best of three, alternating) and serve
+        the copy from the first count where it wins at that count and every larger one tried."""
+        copy = getattr(weight, "wide_copy", None)
+        self.copy_from = None
+        if copy is None:
+            return
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        wins: list[int] = []
+        for rows in (r for r in COPY_TRIED if r <= max_rows):
+            x = torch.randn(rows, weight.shape[1], generator=gen).to(getattr(weight, "wide_dtype", torch.bfloat16))  # type: ignore[attr-defined]
+            codes, packed = float("inf"), float("inf")
+            for _ in range(3):  # a first call of a shape pays for its setup
+                codes = min(codes, _seconds(lambda: block_product(weight, x)))  # type: ignore[arg-type]
+                packed = min(packed, _seconds(lambda: copy(x)))
+            logger.info("output layer, %d rows: its codes %.1f ms, its packed copy %.1f ms", rows, 1e3 * codes,
+                        1e3 * packed)
+            wins.append(rows if packed < codes else 0)
+        for rows in reversed(wins):  # the run of wins that reaches the largest count tried
+            if not rows:
+                break
+            self.copy_from = rows
+
+
+def _seconds(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def merge_parts(parts: list[Groups | torch.Tensor]) -> list[Groups | torch.Tensor]:

@@ -189,3 +189,34 @@ def test_activations_int16_by_capability_and_exact_on_request() -> None:
     assert keep_activations_exact(model) == 2 and weight.int16_activations is False and int8.int16_activations is False
     exact = kernels(False)
     assert torch.equal(model[0](x), exact[0]) and torch.equal(model[1](x), exact[1])
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_the_output_layer_serves_its_packed_copy_from_the_timed_row_count(packed: bool) -> None:
+    """A small model's output layer may take its packed copy from the row count warm_up timed
+    faster (block_linear.BlockOutputLayer); fewer rows keep the codes."""
+    from runtime.cpu.block_linear import COPY_TRIED, BlockOutputLayer
+    from runtime.cpu.kernel_linear import linear_kernel, packing_supported
+
+    if packed and not packing_supported(torch.bfloat16):
+        pytest.skip("no oneDNN bf16 packing on this CPU")
+    weight = Int8Blocks(int8_groups(32, torch.float16, n=300))
+    dense = weight.dequantize(0, weight.shape[0], torch.bfloat16)
+    layer = BlockOutputLayer()
+    layer.warm_up(weight, 16)
+    assert layer.copy_from is None  # no copy: nothing to time
+    weight.wide_copy = linear_kernel(dense, None, packed=packed)
+    weight.wide_dtype = torch.bfloat16
+    layer.warm_up(weight, 16)
+    assert layer.copy_from is None or layer.copy_from in COPY_TRIED  # timed: either is right somewhere
+    layer.copy_from = 2
+    x = torch.randn(9, K, generator=torch.Generator().manual_seed(5)).bfloat16()
+    want = torch.nn.functional.linear(x.float(), dense.float())  # bf16 weights and activations, exactly
+    one = layer(x[:1], weight)
+    assert torch.equal(one, block_product(weight, x[:1]).float())  # one row: the codes
+    torch.testing.assert_close(one, want[:1], rtol=2e-2, atol=0.15)  # bf16 results: rounded to 8 bits
+    assert torch.equal(layer(x[:5], weight), weight.wide_copy(x[:5]).float())  # from two rows: the copy
+    torch.testing.assert_close(layer(x[:5], weight), want[:5], rtol=2e-2, atol=0.15)
+    layer.copy_from = None
+    assert torch.equal(layer(x[:5], weight), block_product(weight, x[:5]).float())
+    assert torch.equal(layer(x, weight), weight.wide_copy(x).float())  # past WIDE_ROWS the copy, as before
