@@ -106,22 +106,45 @@ async def _shared_prefix(client: Client, trial: int, groups: int = 4, per_group:
     return len(prompts) / (time.perf_counter() - start)
 
 
+FIGURES = ("prompt_tok_s", "one_stream_tok_s", "streams16_tok_s", "resend_s", "shared_prefix_req_s",
+           "rag_one_stream_tok_s")
+
+
+async def trial_figures(client: Client, trial: int) -> dict[str, float]:
+    """One trial of every figure on one system (its prompts seeded by `trial`)."""
+    prompt_rate, resend = await _prompt_and_resend(client, trial)
+    return {"prompt_tok_s": prompt_rate, "resend_s": resend,
+            "one_stream_tok_s": await client.stream_rate(text(24, seed=5000 + trial), 128),
+            "streams16_tok_s": await _streams(client, 16, 64, trial),
+            "shared_prefix_req_s": await _shared_prefix(client, trial),
+            "rag_one_stream_tok_s": await client.stream_rate(rag_prompt(seed=trial), 128)}
+
+
 async def measure(base_url: str, model: str, trials: int = 3) -> dict[str, float]:
     client = Client(base_url, model)
     try:
         await client.complete(text(16, seed=1), 4)  # warm-up
-        figures: dict[str, list[float]] = {k: [] for k in ("prompt_tok_s", "one_stream_tok_s", "streams16_tok_s",
-                                                           "resend_s", "shared_prefix_req_s",
-                                                           "rag_one_stream_tok_s")}
-        for trial in range(trials):
-            prompt_rate, resend = await _prompt_and_resend(client, trial)
-            figures["prompt_tok_s"].append(prompt_rate)
-            figures["resend_s"].append(resend)
-            figures["one_stream_tok_s"].append(await client.stream_rate(text(24, seed=5000 + trial), 128))
-            figures["streams16_tok_s"].append(await _streams(client, 16, 64, trial))
-            figures["shared_prefix_req_s"].append(await _shared_prefix(client, trial))
-            figures["rag_one_stream_tok_s"].append(await client.stream_rate(rag_prompt(seed=trial), 128))
-        return {k: statistics.median(v) for k, v in figures.items()}
+        samples = [await trial_figures(client, trial) for trial in range(trials)]
+        return medians(samples)
+    finally:
+        await client.close()
+
+
+def medians(samples: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median over trials."""
+    return {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+
+
+async def one_trial(base_url: str, model: str, trial: int, busy: bool = False, warm: bool = False) -> dict[str, float]:
+    """One trial of one system's figures (the busy ones: one stream and 16 streams), over a client of
+    its own: benchmarks/peers.py `--interleave` alternates systems trial by trial."""
+    client = Client(base_url, model)
+    try:
+        if warm:
+            await client.complete(text(16, seed=1), 4)
+        if busy:
+            return await busy_trial(client, trial)
+        return await trial_figures(client, trial)
     finally:
         await client.close()
 
@@ -142,14 +165,15 @@ def neighbour() -> Iterator[None]:
         proc.wait()
 
 
+async def busy_trial(client: Client, trial: int) -> dict[str, float]:
+    return {"one_stream_busy_tok_s": await client.stream_rate(text(24, seed=9000 + trial), 128),
+            "streams16_busy_tok_s": await _streams(client, 16, 64, 50 + trial)}
+
+
 async def measure_busy(base_url: str, model: str, trials: int = 3) -> dict[str, float]:
     client = Client(base_url, model)
     try:
-        one, many = [], []
-        for trial in range(trials):
-            one.append(await client.stream_rate(text(24, seed=9000 + trial), 128))
-            many.append(await _streams(client, 16, 64, 50 + trial))
-        return {"one_stream_busy_tok_s": statistics.median(one), "streams16_busy_tok_s": statistics.median(many)}
+        return medians([await busy_trial(client, trial) for trial in range(trials)])
     finally:
         await client.close()
 

