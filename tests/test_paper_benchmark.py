@@ -147,3 +147,14 @@ def test_a_workload_past_its_time_limit_counts_what_finished_and_the_table_says_
     text = paper_report.markdown(report)
     assert f"| {row['requests_per_s']:.2f} (cut) |" in text
     assert "vllm-cpu chat-short: cut at its 0 s limit, 2 requests finished" in text
+
+
+def test_interleaved_turns_run_each_workload_on_every_system_back_to_back() -> None:
+    from benchmarks.paper import turns
+
+    names = ["radixserve", "vllm-cpu", "llama.cpp"]
+    order = turns(["mmlu", "react", "json", "rag"], names)
+    assert [w for w, _ in order] == ["mmlu"] * 3 + ["react"] * 3 + ["json"] * 3 + ["rag"] * 3
+    assert [n for _, n in order[:3]] == names and [n for _, n in order[3:6]] == names[1:] + names[:1]
+    assert {order[i * 3][1] for i in range(3)} == set(names)  # none always first
+    assert turns(["mmlu"], []) == []
