@@ -219,4 +219,4 @@ def test_the_output_layer_serves_its_packed_copy_from_the_timed_row_count(packed
     torch.testing.assert_close(layer(x[:5], weight), want[:5], rtol=2e-2, atol=0.15)
     layer.copy_from = None
     assert torch.equal(layer(x[:5], weight), block_product(weight, x[:5]).float())
-    assert torch.equal(layer(x, weight), weight.wide_copy(x).float())  # past WIDE_ROWS the copy, as before
+    assert torch.equal(layer(x, weight), block_product(weight, x).float())  # the linear layers' rule, as before
