@@ -183,12 +183,9 @@ async def run_system(base_url: str, kind: str, tokenizer: Any, grammar: str | No
 
 def turns(workloads: list[str], names: list[str]) -> list[tuple[str, str]]:
     """(workload, system) in the order `--interleave` runs them: each workload on every system that
-    runs it, back to back, the systems' order turned by one each workload."""
-    out = []
-    for i, workload in enumerate(workloads):
-        turn = i % len(names) if names else 0
-        out += [(workload, name) for name in names[turn:] + names[:turn]]
-    return out
+    runs it, back to back, the systems' order turned by one each workload (peers.visits' order, a
+    workload for a trial)."""
+    return [(workloads[i], name) for i, name in peers.visits(names, len(workloads))]
 
 
 def run_interleaved(args: argparse.Namespace, tokenizer: Any) -> list[dict[str, Any]]:
@@ -206,7 +203,7 @@ def run_interleaved(args: argparse.Namespace, tokenizer: Any) -> list[dict[str, 
             venv, packages, server_args = table[name][entry]
             port = args.port + args.systems.index(name)
             rows[name] = {"name": name, "kind": kind, "server_args": [*server_args, *extra], "workloads": {},
-                          "skipped": {w: why for (n, w), why in SKIPPED.items() if n == name and w in args.workloads}}
+                          "skipped": _skipped(name, args.workloads)}
             print(f"{name}: starting", flush=True)
             try:
                 grammars[name] = _llama_grammar(peers._venv(venv, packages)) if kind == "llama.cpp" else None
@@ -234,8 +231,14 @@ def run_interleaved(args: argparse.Namespace, tokenizer: Any) -> list[dict[str, 
 
 
 def _runs(name: str, workload: str) -> bool:
+    """Whether `name` runs `workload`: one of its workloads (SYSTEMS), not left out (SKIPPED)."""
     only = SYSTEMS[name][3]
     return (only is None or workload in only) and (name, workload) not in SKIPPED
+
+
+def _skipped(name: str, workloads: list[str]) -> dict[str, str]:
+    """The asked-for workloads `name` leaves out, and why (said in the table)."""
+    return {w: why for (n, w), why in SKIPPED.items() if n == name and w in workloads}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -265,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from runtime.loading.default_model import ensure_default_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_default_model()))
-    table = peers.systems(args.port)
+    table = {} if args.interleave else peers.systems(args.port)  # run_interleaved builds its own, a port each
     report: dict[str, Any] = {"cpu": peers.cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                               "revision": results_page.source_revision(),
                               "command": "python -m benchmarks.paper " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -275,16 +278,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.interleave:
         report["interleaved"] = True
         report["systems"] = run_interleaved(args, tokenizer)
-        args.systems = []
-    for name in args.systems:
-        kind, entry, extra, only = SYSTEMS[name]
+    for name in [] if args.interleave else args.systems:  # one system after another
+        kind, entry, extra, _ = SYSTEMS[name]
         venv, packages, server_args = table[entry]
-        workloads = [w for w in args.workloads if (only is None or w in only) and (name, w) not in SKIPPED]
+        workloads = [w for w in args.workloads if _runs(name, w)]
         if not workloads:
             continue
         print(f"{name}: starting", flush=True)
         row: dict[str, Any] = {"name": name, "kind": kind, "server_args": [*server_args, *extra],
-                               "skipped": {w: why for (n, w), why in SKIPPED.items() if n == name and w in args.workloads}}
+                               "skipped": _skipped(name, args.workloads)}
         try:
             grammar = _llama_grammar(peers._venv(venv, packages)) if kind == "llama.cpp" else None
             with exclusive(args.lock), peers.serving(name, venv, packages, [*server_args, *extra], args.port) as startup:

@@ -106,10 +106,6 @@ async def _shared_prefix(client: Client, trial: int, groups: int = 4, per_group:
     return len(prompts) / (time.perf_counter() - start)
 
 
-FIGURES = ("prompt_tok_s", "one_stream_tok_s", "streams16_tok_s", "resend_s", "shared_prefix_req_s",
-           "rag_one_stream_tok_s")
-
-
 async def trial_figures(client: Client, trial: int) -> dict[str, float]:
     """One trial of every figure on one system (its prompts seeded by `trial`)."""
     prompt_rate, resend = await _prompt_and_resend(client, trial)

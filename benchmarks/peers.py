@@ -222,15 +222,15 @@ def main(argv: list[str] | None = None) -> dict:
               "interleaved": args.interleave}
     if args.interleave:
         report["systems"] = measure_interleaved(args.systems, systems, args.port, args.trials)
-        args.systems = []
-    table = systems(args.port)
-    for name in args.systems:
-        try:
-            row = measure(name, *table[name], args.port, args.trials)
-        except Exception as exc:  # noqa: BLE001 - one peer failing to install or start is reported, not fatal
-            row = {"name": name, "error": repr(exc)}
-        report["systems"].append(row)
-        print(json.dumps(row), flush=True)
+    else:  # one system after another
+        table = systems(args.port)
+        for name in args.systems:
+            try:
+                row = measure(name, *table[name], args.port, args.trials)
+            except Exception as exc:  # noqa: BLE001 - one peer failing to install or start is reported, not fatal
+                row = {"name": name, "error": repr(exc)}
+            report["systems"].append(row)
+            print(json.dumps(row), flush=True)
     report["markdown"] = markdown(report)
     print(report["markdown"])
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
