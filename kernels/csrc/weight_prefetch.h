@@ -7,6 +7,7 @@
 // read 16-18 GB/s where a 3584-wide one reads 26-30. Asking for the stream kPrefetchBytes ahead
 // restores it: 20-25 GB/s (2 threads, Zen 4).
 #pragma once
+#include <atomic>
 #include <cstdint>
 #if defined(__SSE__)
 #include <xmmintrin.h>
@@ -24,7 +25,14 @@ constexpr int64_t kPrefetchBytes = 4096;  // measured: 2 and 4 KB ahead alike, 8
 // without it (in the engine, alternated). (The int8 kernel, a byte a weight, gains at every width
 // and prefetches always.)
 constexpr int64_t kSpillBytes = int64_t{8} << 10;
-inline bool activations_spill(int64_t bytes) { return bytes > kSpillBytes; }
+
+// The line in use: kSpillBytes unless warm-up timed another faster on this machine
+// (weight_prefetch.cpp, runtime/cpu/weight_prefetch.py). On a 2-core Xeon with AMX, prefetching
+// at every width made one decode step of the 1B shape 52 ms -> 42 ms and the 1.5B's 66 -> 52 (its
+// 2048- and 1536-wide layers read memory at 9.7 GB/s a core without it, a plain sum at 15); on
+// Zen 4 it cost the narrow layers (above). Only the weights' stream order changes: the sums are the same.
+inline std::atomic<int64_t> spill_line{kSpillBytes};
+inline bool activations_spill(int64_t bytes) { return bytes > spill_line.load(std::memory_order_relaxed); }
 
 // The `Lines` cache lines kPrefetchBytes past `at` (the codes a kernel reads next lie there: a
 // quad's rows together, quads one after another).

@@ -9,6 +9,7 @@
 - block_weights.py, block_linear.py: a GGUF's quantized weights served from their codes, with no
   copy in the activations' dtype (`--quantization gguf`);
 - output_layer.py: the output layer that times its ways per batch size;
+- weight_prefetch.py: whether the block kernels prefetch every layer's weights, timed at warm-up;
 - prepare.py: `resolve_quantization` (what --quantization, set or not, means here) and
   `prepare(model, precision, quantization)`, the calls the model runner makes.
 A GPU reader can skip this folder: the runner is device-neutral but for that call.
@@ -18,7 +19,9 @@ from runtime.cpu.host_threads import serial_on_this_thread
 from runtime.cpu.precision import MatmulRates, Precision, choose, measure_rates, resolve_precision
 from runtime.cpu.prepare import check_quantization, prepare, resolve_quantization
 from runtime.cpu.thread_budget import ThreadGovernor, allowed_cpus, cgroup_quota, thread_ceiling
+from runtime.cpu.weight_prefetch import choose_weight_prefetch
 
 __all__ = ["MatmulRates", "Precision", "ThreadGovernor", "allowed_cpus", "cgroup_quota", "check_quantization", "choose",
+           "choose_weight_prefetch",
            "measure_rates", "prepare", "resolve_precision", "resolve_quantization", "serial_on_this_thread",
            "thread_ceiling"]

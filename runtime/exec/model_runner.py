@@ -164,6 +164,7 @@ class ModelRunner:
         self._cpu_threads = (cfg.cpu_threads, cfg.adapt_cpu_threads)
         self.threads: cpu.ThreadGovernor | None = None  # set on the engine thread (warm_up)
         self.cpu_thread_ceiling: int | None = None
+        self.prefetch_every_width = False  # the block kernels' prefetch line, timed at warm-up
         # a model whose step reads data-dependent sizes on the host (the MoE expert loop) runs eagerly
         if self.device.type == "cuda" and cfg.cuda_graph_max_bs and getattr(self.model, "cuda_graphs", True):
             self.graphs = self._capture(min(cfg.cuda_graph_max_bs, cfg.max_requests))
@@ -195,11 +196,13 @@ class ModelRunner:
     def warm_up(self, max_requests: int) -> None:
         """Before the first step, on the thread that will run the steps: the CPU output layer times
         its ways for the batch sizes it will meet (runtime/cpu/output_layer.py). The CPU's thread count
-        is set here too, on the thread whose OpenMP pool computes (runtime/cpu/thread_budget.py)."""
+        is set here too, on the thread whose OpenMP pool computes (runtime/cpu/thread_budget.py), and
+        the block kernels' prefetch line is timed with it (runtime/cpu/weight_prefetch.py)."""
         if self.device.type == "cpu":
             requested, adapt = self._cpu_threads
             self.threads = cpu.ThreadGovernor.for_this_process(requested, adapt)
             self.cpu_thread_ceiling = torch.get_num_threads() if self.threads is None else self.threads.ceiling
+            self.prefetch_every_width = cpu.choose_weight_prefetch(self.model, self.dtype)
         warm = getattr(self.output_layer, "warm_up", None)
         if warm is not None:
             with torch.inference_mode():
