@@ -43,6 +43,7 @@
 #include <torch/library.h>
 
 #include "activations16.h"
+#include "expert_rows.h"
 #include "group_scales.h"
 #include "int4_blocks.h"
 #include "row_count.h"
@@ -805,20 +806,10 @@ uint16_t bf16_bits(T v) {
     return 0;
 }
 
-// x [rows, K] @ (scales * q + lows).T -> [rows, N] in x's dtype; scales and lows [N, K / 32] in one
-// of group_scales.h's forms (int8 codes with their steps).
-at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& lows,
-                     const std::optional<at::Tensor>& scale_steps, const std::optional<at::Tensor>& low_steps,
-                     bool int16_activations) {
-  check(x, w, int16_activations);
-  const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
-  const auto sg = radixserve::GroupScales::of(scales, scale_steps, n, k / kGroup, "int4_gemv");
-  const auto lg = radixserve::GroupScales::of(lows, low_steps, n, k / kGroup, "int4_gemv lows");
-#if RADIXSERVE_INT4_BF16
-  const bool bf16 = !int16_activations && x.scalar_type() == at::kBFloat16;
-#else
-  const bool bf16 = false;
-#endif
+// x's rows prepared as the loops read them (Activations), in the way `bf16` or `int16_activations`
+// says; x may be a view of some rows of a larger tensor (int4_gemv_experts: an expert's).
+Activations prepare(const at::Tensor& x, bool bf16, bool int16_activations) {
+  const int64_t rows = x.size(0), k = x.size(1);
   Activations a;
   a.k = k;
   a.groups = k / kGroup;
@@ -826,18 +817,6 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   a.paired.resize(bf16 || int16_activations ? 0 : rows * k);
   a.bf16.resize(bf16 ? rows * k : 0);
   a.prefetch = radixserve::activations_spill(rows * k * (bf16 ? 2 : 4));
-  at::Tensor out = at::empty({rows, n}, x.options());
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 15) / k);  // quads; small layers stay on one thread
-  const auto run = [&](auto* op) {
-    at::parallel_for(0, n / kQuad, grain, [&](int64_t begin, int64_t end) {
-      if (int16_activations) return dot_quads16(wp, sg, lg, n, begin, end, a, rows, op);
-      radixserve::with_row_count(rows, [&](auto count) {
-        constexpr int M = decltype(count)::value;
-        dot_quads<M>(wp, sg, lg, n, begin, end, a, bf16, op);
-      });
-    });
-  };
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int4_gemv", [&] {
     const scalar_t* xs = x.data_ptr<scalar_t>();
     if (int16_activations) {
@@ -872,7 +851,6 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
         }
       });
       a.prefetch = radixserve::activations_spill(rows * k * 2);
-      run(out.data_ptr<scalar_t>());
       return;
     }
 #if RADIXSERVE_INT4_BF16
@@ -888,7 +866,6 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
         }
         to_tile_order(row, a.groups, a.bf16.data() + m * k);
       }
-      run(out.data_ptr<scalar_t>());
       return;
     }
 #endif
@@ -903,7 +880,96 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
         else
           a.paired[m * k + paired_at(a.groups, g, c)] = static_cast<float>(v);
       }
-    run(out.data_ptr<scalar_t>());
+  });
+  return a;
+}
+
+// Weight-row quads [begin, end) of one weight against `rows` prepared activation rows, into out
+// [rows, n]: the loop int4_gemv's flags choose.
+template <typename O>
+void products(const uint8_t* w, const radixserve::GroupScales& sg, const radixserve::GroupScales& lg, int64_t n,
+              int64_t begin, int64_t end, const Activations& a, int64_t rows, bool bf16, bool int16_activations, O* out) {
+  if (int16_activations) return dot_quads16(w, sg, lg, n, begin, end, a, rows, out);
+  radixserve::with_row_count(rows, [&](auto count) {
+    constexpr int M = decltype(count)::value;
+    dot_quads<M>(w, sg, lg, n, begin, end, a, bf16, out);
+  });
+}
+
+// Whether the bf16 loop serves x (else the float one, or int16's where asked).
+bool bf16_loop(const at::Tensor& x, bool int16_activations) {
+#if RADIXSERVE_INT4_BF16
+  return !int16_activations && x.scalar_type() == at::kBFloat16;
+#else
+  (void)x, (void)int16_activations;
+  return false;
+#endif
+}
+
+// x [rows, K] @ (scales * q + lows).T -> [rows, N] in x's dtype; scales and lows [N, K / 32] in one
+// of group_scales.h's forms (int8 codes with their steps).
+at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& lows,
+                     const std::optional<at::Tensor>& scale_steps, const std::optional<at::Tensor>& low_steps,
+                     bool int16_activations) {
+  check(x, w, int16_activations);
+  const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
+  const auto sg = radixserve::GroupScales::of(scales, scale_steps, n, k / kGroup, "int4_gemv");
+  const auto lg = radixserve::GroupScales::of(lows, low_steps, n, k / kGroup, "int4_gemv lows");
+  const bool bf16 = bf16_loop(x, int16_activations);
+  const Activations a = prepare(x, bf16, int16_activations);
+  at::Tensor out = at::empty({rows, n}, x.options());
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 15) / k);  // quads; small layers stay on one thread
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int4_gemv", [&] {
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, n / kQuad, grain, [&](int64_t begin, int64_t end) {
+      products(wp, sg, lg, n, begin, end, a, rows, bf16, int16_activations, op);
+    });
+  });
+  return out;
+}
+
+// A mixture of experts' products in one call, as int4_gemv_q8_experts for int4_gemv: x [R, K] holds
+// the routed rows grouped by expert (counts[e] rows for expert e, in order: expert_rows.h), w[e]
+// etc. each expert's weight as int4_gemv takes it ([N, K] alike); -> [R, N], each expert's rows
+// exactly what int4_gemv gives for them alone (the same loop for the same row count; the threads
+// split the work elsewhere, but every sum is one thread's). One parallel region over every
+// expert's quads, where a call an expert took a thread wake-up and the Python around it (the
+// 30B-A3B shape's decode step: 8 experts a layer, two calls each).
+at::Tensor int4_gemv_experts(const at::Tensor& x, at::IntArrayRef counts, at::TensorList w, at::TensorList scales,
+                             at::TensorList lows, at::TensorList scale_steps, at::TensorList low_steps,
+                             bool int16_activations) {
+  const int64_t experts = static_cast<int64_t>(w.size());
+  TORCH_CHECK(scales.size() == w.size() && lows.size() == w.size() &&
+                  (scale_steps.empty() || scale_steps.size() == w.size()) &&
+                  (low_steps.empty() || low_steps.size() == w.size()),
+              "int4_gemv_experts: as many weights, scales and lows (and steps, where given)");
+  const std::vector<int64_t> first = radixserve::expert_rows(x, counts, experts, "int4_gemv_experts");
+  const int64_t k = x.size(1), n = w[0].size(0);
+  const bool bf16 = bf16_loop(x, int16_activations);
+  std::vector<radixserve::GroupScales> sg, lg;
+  std::vector<Activations> a;
+  std::vector<int64_t> unit(experts + 1, 0);  // expert e's quads are units [unit[e], unit[e + 1])
+  for (int64_t e = 0; e < experts; ++e) {
+    const at::Tensor rows = x.narrow(0, first[e], counts[e]);
+    check(rows, w[e], int16_activations);
+    TORCH_CHECK(w[e].size(0) == n, "int4_gemv_experts: every expert's codes are [N, K / 2] with one N");
+    const auto step = [&](at::TensorList steps) { return steps.empty() ? std::optional<at::Tensor>() : steps[e]; };
+    sg.push_back(radixserve::GroupScales::of(scales[e], step(scale_steps), n, k / kGroup, "int4_gemv_experts"));
+    lg.push_back(radixserve::GroupScales::of(lows[e], step(low_steps), n, k / kGroup, "int4_gemv_experts lows"));
+    a.push_back(prepare(rows, bf16, int16_activations));
+    unit[e + 1] = unit[e] + n / kQuad;
+  }
+  at::Tensor out = at::empty({x.size(0), n}, x.options());
+  const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 15) / k);
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int4_gemv_experts", [&] {
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, unit[experts], grain, [&](int64_t begin, int64_t end) {
+      radixserve::for_expert_units(unit, begin, end, [&](int64_t e, int64_t from, int64_t to) {
+        products(w[e].data_ptr<uint8_t>(), sg[e], lg[e], n, from, to, a[e], counts[e], bf16, int16_activations,
+                 op + first[e] * n);
+      });
+    });
   });
   return out;
 }
@@ -922,6 +988,9 @@ TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.def("int4_gemv(Tensor x, Tensor w, Tensor scales, Tensor lows, Tensor? scale_steps=None, Tensor? low_steps=None, "
         "bool int16_activations=False) -> Tensor",
         int4_gemv);
+  m.def("int4_gemv_experts(Tensor x, int[] counts, Tensor[] w, Tensor[] scales, Tensor[] lows, Tensor[] scale_steps, "
+        "Tensor[] low_steps, bool int16_activations=False) -> Tensor",
+        int4_gemv_experts);
   m.def("int4_gemv_fast() -> bool", int4_gemv_fast);
   m.def("int4_gemv_int16_default() -> bool", int4_gemv_int16_default);
 }

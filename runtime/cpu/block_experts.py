@@ -6,9 +6,12 @@ converter keeps each expert's matrix as its codes under the Hugging Face per-exp
 joined, then down; runtime/cpu/block_linear.py) in place of runtime/layers/moe.py's stacked
 tensors, and the routing and grouping stay those of StackedExperts: an expert runs only on the
 rows routed to it, from its codes (a decode step's expert sees a row or two: the few-row kernels),
-so a 30B mixture with 3B active weights reads about 3B weights' codes a token. With
-`--int8-activations`, each projection of all the routed experts is one kernel call
-(int4_gemv_q8_experts for Q4_K, group_gemv_q8_experts for Q6_K), with the loop's result bit for bit.
+so a 30B mixture with 3B active weights reads about 3B weights' codes a token. Each projection of
+all the routed experts is one kernel call where a kernel takes them all, with the loop's result bit
+for bit: Q4_K ones by int4_gemv_experts (bf16, float or int16 activations, as int4_gemv; where no
+expert has more rows than one int4_gemv call takes), and with `--int8-activations` on AVX2,
+int4_gemv_q8_experts for Q4_K and group_gemv_q8_experts for Q6_K. A projection no kernel takes
+(a Q6_K down projection at six bits) runs expert by expert, its layer's other projection still in one call.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from torch import nn
 from kernels.cpu_ops import ops
 from runtime.cpu.block_cache import BlockStore
 from runtime.cpu.block_linear import BlockLinear, Groups, built_weights, merge_parts
-from runtime.cpu.block_weights import Int4Blocks, Int8Blocks, block_weight
+from runtime.cpu.block_weights import Int4Blocks, Int8Blocks, block_weight, rounds_to_int16
 from runtime.layers.moe import Routing, StackedExperts, group_by_expert
 from runtime.loading.gguf_groups import expert_weight_name
 
@@ -41,29 +44,29 @@ class BlockExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
         """forward_loop's result bit for bit, each projection of all the routed experts taken in one
-        kernel call (int4_gemv_q8_experts for Q4_K, group_gemv_q8_experts for Q6_K: one rounding of
-        the activations, one parallel region) where the experts' projections are one part each
-        summing int8 activations (one_call_weights); else the loop, with no work added to it."""
-        one_call = self.one_call()
-        if one_call is None:
+        kernel call where one takes them (one_call_weights: one rounding of the activations, one
+        parallel region, no Python a expert), else expert by expert; with no one-call projection, the
+        loop itself, with no work added to it."""
+        calls = self.one_call()
+        if calls is None:
             return self.forward_loop(x, routing)
-        gate_up, down = one_call
         groups = group_by_expert(routing.experts, self.num_experts)
         counts = groups.counts
         ids = [e for e, n in enumerate(counts) if n]
         rows, sizes = x.index_select(0, groups.tokens), [counts[e] for e in ids]
-        hidden = self.act(experts_product(rows, sizes, [gate_up[e] for e in ids]))
-        out = experts_product(hidden, sizes, [down[e] for e in ids])
+        hidden = self.act(projection(rows, sizes, ids, self.gate_up, calls[0]))
+        out = projection(hidden, sizes, ids, self.down, calls[1])
         out.mul_(routing.weights.reshape(-1).index_select(0, groups.slots)[:, None])
         return torch.zeros_like(x).index_add_(0, groups.tokens, out)
 
-    def one_call(self) -> tuple[list, list] | None:
-        """All experts' gate/up and down weights where the one-call kernels take them, else None;
-        found at the first step (the activation flags are set at load, before any) and kept: asked
-        each step, the check cost a Python pass over every expert a layer."""
+    def one_call(self) -> tuple[list | None, list | None] | None:
+        """Each projection's weights where a one-call kernel takes all its experts (else None in
+        its place), None where neither does; found at the first step (the activation flags are set
+        at load, before any) and kept: asked each step, the check cost a Python pass over every
+        expert a layer."""
         if not hasattr(self, "_one_call"):
             gate_up, down = one_call_weights(self.gate_up), one_call_weights(self.down)
-            self._one_call = None if gate_up is None or down is None else (gate_up, down)
+            self._one_call = None if gate_up is None and down is None else (gate_up, down)
         return self._one_call
 
     def grouped(self) -> bool:
@@ -77,15 +80,26 @@ class BlockExperts(nn.Module):
 
 
 def one_call_weights(layers: list[BlockLinear]) -> list[Int4Blocks] | list[Int8Blocks] | None:
-    """The layers' weights where one kernel call takes them all: each one part summing int8
-    activations, all of one kind and shape: Q4_K ones (scales and lows factored) for
-    int4_gemv_q8_experts, Q6_K ones for group_gemv_q8_experts; on an AVX2 build; else None."""
+    """The layers' weights where one kernel call takes them all (each layer one part, no bias, all
+    of one kind and shape), else None:
+    - Q4_K or Q4_0 ones summing float activations (bf16, float32, or rounded to int16 alike) for
+      int4_gemv_experts;
+    - with int8 activations, on an AVX2 build: Q4_K ones (scales and lows factored) for
+      int4_gemv_q8_experts, Q6_K ones for group_gemv_q8_experts."""
     parts = [layer.parts[0] for layer in layers if len(layer.parts) == 1 and layer.bias is None]
-    if len(parts) != len(layers) or not experts_kernel():
+    if not parts or len(parts) != len(layers):
         return None
-    kind = type(parts[0])
-    if kind not in (Int4Blocks, Int8Blocks) or not all(type(p) is kind and p.int8_activations  # type: ignore[attr-defined]
-                                                       and p.shape == parts[0].shape for p in parts):
+    kind, first = type(parts[0]), parts[0]
+    if kind not in (Int4Blocks, Int8Blocks) or not all(type(p) is kind and p.shape == first.shape for p in parts):
+        return None
+    if not first.int8_activations:  # type: ignore[attr-defined]
+        if kind is not Int4Blocks or not float_experts_kernel():
+            return None
+        alike = all(not p.int8_activations and rounds_to_int16(p) == rounds_to_int16(first)  # type: ignore[attr-defined, arg-type]
+                    and (p.scale_steps is None) == (first.scale_steps is None)  # type: ignore[attr-defined]
+                    and (p.low_steps is None) == (first.low_steps is None) for p in parts)  # type: ignore[attr-defined]
+        return parts if alike else None  # type: ignore[return-value]
+    if not experts_kernel() or not all(p.int8_activations for p in parts):  # type: ignore[attr-defined]
         return None
     if kind is Int4Blocks and not all(p.scale_steps is not None and p.low_steps is not None for p in parts):  # type: ignore[attr-defined]
         return None
@@ -98,12 +112,35 @@ def experts_kernel() -> bool:
     return built is not None and bool(built.int4_gemv_q8_experts_fast())  # type: ignore[attr-defined]
 
 
+@functools.cache
+def float_experts_kernel() -> bool:
+    built = ops()
+    return built is not None and bool(built.int4_gemv_fast())  # type: ignore[attr-defined]
+
+
+def projection(x: torch.Tensor, sizes: list[int], ids: list[int], layers: list[BlockLinear],
+               parts: list[Int4Blocks] | list[Int8Blocks] | None) -> torch.Tensor:
+    """x's rows grouped by expert (sizes[i] rows for expert ids[i]) through one projection of their
+    experts: in one call where `parts` are one-call weights and every expert's rows fit one call of
+    its kernel, else expert by expert (what forward_loop does, the same bits)."""
+    if parts is not None and (parts[0].int8_activations or max(sizes) <= parts[0].rows_a_call):  # type: ignore[union-attr]
+        return experts_product(x, sizes, [parts[e] for e in ids])
+    return torch.cat([layers[e](chunk) for e, chunk in zip(ids, x.split(sizes), strict=True)])
+
+
 def experts_product(x: torch.Tensor, counts: list[int], parts: list[Int4Blocks] | list[Int8Blocks]) -> torch.Tensor:
     """x's rows grouped by expert (counts[e] rows for parts[e], in order) against their experts:
     [len(x), N]."""
     if isinstance(parts[0], Int8Blocks):
         return ops().group_gemv_q8_experts(x, counts, [p.codes for p in parts], [p.scales for p in parts],  # type: ignore[union-attr]
                                            [p.steps for p in parts])
+    if not parts[0].int8_activations:
+        first = parts[0]
+        return ops().int4_gemv_experts(x, counts, [p.packed for p in parts], [p.scales for p in parts],  # type: ignore[union-attr]
+                                       [p.lows for p in parts],
+                                       [] if first.scale_steps is None else [p.scale_steps for p in parts],
+                                       [] if first.low_steps is None else [p.low_steps for p in parts],
+                                       rounds_to_int16(first))
     return ops().int4_gemv_q8_experts(x, counts, [p.packed for p in parts], [p.scales for p in parts],  # type: ignore[union-attr]
                                       [p.scale_steps for p in parts], [p.lows for p in parts],
                                       [p.low_steps for p in parts])

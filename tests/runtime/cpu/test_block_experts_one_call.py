@@ -2,7 +2,7 @@
 BlockExperts.forward): each projection of all the routed experts in one kernel call
 (kernels/csrc/int4_q8_gemv.cpp int4_gemv_q8_experts), with the host loop's result bit for bit at
 one token and many (experts taking one row, a few, or the panel's), a Q6_K down projection among
-them included; the kernel against int4_gemv_q8 expert by expert; bad input refused. Skips where
+them included (that projection then expert by expert); the kernel against int4_gemv_q8 expert by expert; bad input refused. Skips where
 the build has no AVX2 int8-activation loops."""
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def experts(q6_k_down: str = "none") -> BlockExperts:
 @pytest.mark.parametrize("tokens", [1, 2, 16])  # 16 x 4 routed over 6 experts: some take the panel (8+ rows)
 def test_the_experts_in_one_call_give_the_loops_bits(dtype: torch.dtype, q6_k_down: str, tokens: int) -> None:
     moe = experts(q6_k_down)
-    assert (moe.one_call() is None) == (q6_k_down == "one")  # kinds mixed in a layer: the loop
+    calls = moe.one_call()
+    assert calls is not None and (calls[1] is None) == (q6_k_down == "one")  # kinds mixed: that projection expert by expert
     g = torch.Generator().manual_seed(tokens)
     for _ in range(3):
         x = torch.randn(tokens, HIDDEN, generator=g).to(dtype)
@@ -73,7 +74,7 @@ def test_the_kernels_are_the_one_weight_kernels_per_expert(kind: str) -> None:
     assert one_call_weights(experts("one").down) is None  # kinds mixed: the loop
     q, scales, lows = q4k(2 * INTER, HIDDEN)
     exact = Int4Blocks(Int4Groups(q.to(torch.uint8), scales, lows))
-    assert one_call_weights([BlockLinear([exact], None)]) is None  # exact activations: not this kernel
+    assert one_call_weights([BlockLinear([exact], None)]) == [exact]  # float activations: int4_gemv_experts
 
 
 def test_bad_input_is_refused() -> None:

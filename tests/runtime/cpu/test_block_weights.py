@@ -68,10 +68,14 @@ def reference(weight: object) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_every_kind_is_the_weights_its_codes_stand_for(name: str, weight: object, dtype: torch.dtype) -> None:
     exact = reference(weight)
-    # torch's int4 kernel is bf16; int16 activations err by up to 1/65534 of a group's largest
-    tolerance = 1e-2 if dtype != torch.float32 or "torch" in name else 1e-4 if "int16" in name else 1e-5
+    # torch's int4 kernel is bf16; int16 activations err by up to 1/65534 of a group's largest; the
+    # float int4 loop sums codes offset by 128 (int4_gemv.cpp's kBase) and takes 128 times the group's
+    # sum back off, so its float32 sums keep a few bits fewer (1.1e-5 seen on one draw)
+    tolerance = 1e-2 if dtype != torch.float32 or "torch" in name else 1e-4 if "int16" in name \
+        else 3e-5 if "int4" in name else 1e-5
+    gen = torch.Generator().manual_seed(3)
     for rows in (1, 3, 8, 20):
-        x = torch.randn(rows, K).to(dtype)
+        x = torch.randn(rows, K, generator=gen).to(dtype)
         want = x.float() @ exact.t()
         got = block_product(weight, x)  # type: ignore[arg-type]
         assert got.dtype == dtype and got.shape == (rows, N)

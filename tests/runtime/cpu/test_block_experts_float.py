@@ -1,0 +1,103 @@
+"""A mixture's Q4_K experts summing float activations, the default (runtime/cpu/block_experts.py
+BlockExperts.forward): each projection of all the routed experts in one kernel call
+(kernels/csrc/int4_gemv.cpp int4_gemv_experts) with the host loop's result bit for bit, in bf16 and
+float32 and with the activations rounded to int16; a Q6_K down projection, or an expert with more
+rows than one call takes, expert by expert; the kernel against int4_gemv expert by expert; bad
+input refused. Runs wherever the int4 kernel has vector loops (AVX-512 or AVX2)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cpu_ops import ops
+from runtime.cpu.block_experts import BlockExperts, experts_product, one_call_weights
+from runtime.cpu.block_linear import BlockLinear
+from runtime.cpu.block_weights import FEW_ROWS, Int4Blocks, Int8Blocks
+from runtime.layers.moe import Routing, StackedExperts
+from runtime.loading.gguf_groups import Int4Groups
+from runtime.loading.gguf_int8_groups import Int8Groups
+from tests.kernels.test_group_q8_gemv import q6k
+from tests.kernels.test_int4_q8_gemv import q4k
+
+pytestmark = pytest.mark.skipif(ops() is None or not ops().int4_gemv_fast(), reason="no int4 vector loops here")
+E, HIDDEN, INTER, TOP = 6, 512, 256, 4
+
+
+def q4_k(n: int, k: int, seed: int, int16: bool) -> Int4Blocks:
+    q, scales, lows = q4k(n, k, seed=seed)
+    weight = Int4Blocks(Int4Groups(q.to(torch.uint8), scales, lows))
+    weight.int16_activations = int16  # both loops on any kind, whatever the default here
+    return weight
+
+
+def experts(int16: bool, q6_k_down: str = "none") -> BlockExperts:
+    """Q4_K gate/up projections; down projections Q4_K, Q6_K ("all"), or one of them Q6_K ("one")."""
+    gate_up = [BlockLinear([q4_k(2 * INTER, HIDDEN, e, int16)], None) for e in range(E)]
+    down = [BlockLinear([Int8Blocks(Int8Groups(*q6k(HIDDEN, INTER, seed=50 + e)))
+                         if q6_k_down == "all" or (q6_k_down == "one" and e == 2)
+                         else q4_k(HIDDEN, INTER, 100 + e, int16)], None) for e in range(E)]
+    return BlockExperts(StackedExperts(E, HIDDEN, INTER, "silu"), gate_up, down)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("int16", [False, True], ids=["float", "int16"])
+@pytest.mark.parametrize("q6_k_down", ["none", "all", "one"])
+@pytest.mark.parametrize("tokens", [1, 2, 16])  # 16 x 4 over 6 experts: some take more rows than a float call
+def test_the_experts_in_one_call_give_the_loops_bits(dtype: torch.dtype, int16: bool, q6_k_down: str,
+                                                     tokens: int) -> None:
+    moe = experts(int16, q6_k_down)
+    calls = moe.one_call()
+    assert calls is not None and calls[0] is not None and (calls[1] is None) == (q6_k_down != "none")
+    g = torch.Generator().manual_seed(tokens)
+    for _ in range(3):
+        x = torch.randn(tokens, HIDDEN, generator=g).to(dtype)
+        chosen = torch.stack([torch.randperm(E, generator=g)[:TOP] for _ in range(tokens)])
+        routing = Routing(torch.rand(tokens, TOP, generator=g).to(dtype), chosen)
+        fast = moe.forward(x, routing)
+        assert fast.dtype == dtype and fast.shape == (tokens, HIDDEN)
+        assert torch.equal(fast, moe.forward_loop(x, routing))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("int16", [False, True], ids=["float", "int16"])
+def test_the_kernel_is_int4_gemv_per_expert(dtype: torch.dtype, int16: bool) -> None:
+    parts = one_call_weights(experts(int16).gate_up)
+    assert parts is not None and len(parts) == E
+    counts = [1, 3, FEW_ROWS, 1, 5, 2]
+    x = torch.randn(sum(counts), HIDDEN).to(dtype)
+    out = experts_product(x, counts, parts)
+    for p, rows, got in zip(parts, x.split(counts), out.split(counts), strict=True):
+        assert torch.equal(got, p.few(rows))
+    q, scales, lows = q4k(2 * INTER, HIDDEN)  # float16 scales and lows (Q4_0's): no steps
+    plain = [Int4Blocks(Int4Groups(q.to(torch.uint8), scales.half().float(), lows.half().float())) for _ in range(2)]
+    assert plain[0].scale_steps is None and one_call_weights([BlockLinear([p], None) for p in plain]) == plain
+    out = experts_product(x[:4], [1, 3], plain)
+    assert torch.equal(out[:1], plain[0].few(x[:1])) and torch.equal(out[1:], plain[1].few(x[1:4]))
+
+
+def test_mixed_kinds_and_flags_are_not_one_call() -> None:
+    assert one_call_weights(experts(False, "one").down) is None  # Q4_K and Q6_K in one projection
+    assert one_call_weights(experts(False, "all").down) is None  # Q6_K summing float activations: no such kernel
+    mixed = [layer.parts[0] for layer in experts(False).gate_up]
+    mixed[3].int16_activations = True
+    assert one_call_weights([BlockLinear([p], None) for p in mixed]) is None  # two roundings in one call
+
+
+def test_bad_input_is_refused() -> None:
+    parts = one_call_weights(experts(False).gate_up)
+    assert parts is not None
+    p = parts[0]
+    with pytest.raises(RuntimeError, match=r"sum\(counts\)"):
+        experts_product(torch.randn(3, HIDDEN), [1, 1], parts[:2])
+    with pytest.raises(RuntimeError, match="at least 1"):
+        experts_product(torch.randn(2, HIDDEN), [2, 0], parts[:2])
+    with pytest.raises(RuntimeError, match="as many weights, scales and lows"):
+        ops().int4_gemv_experts(torch.randn(1, HIDDEN), [1], [p.packed], [p.scales, p.scales], [p.lows],
+                                [p.scale_steps], [p.low_steps])
+    with pytest.raises(RuntimeError, match="at most 8 rows a call"):
+        experts_product(torch.randn(FEW_ROWS + 1, HIDDEN), [FEW_ROWS + 1], parts[:1])
+    with pytest.raises(RuntimeError, match="one N"):
+        ops().int4_gemv_experts(torch.randn(2, HIDDEN), [1, 1], [p.packed, p.packed[:4]], [p.scales, p.scales[:4]],
+                                [p.lows, p.lows[:4]], [p.scale_steps, p.scale_steps[:4]],
+                                [p.low_steps, p.low_steps[:4]])
