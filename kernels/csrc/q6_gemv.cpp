@@ -25,6 +25,7 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "expert_rows.h"
 #include "group_scales.h"
 #include "row_count.h"
 #include "weight_prefetch.h"
@@ -145,24 +146,20 @@ void dot_rows(const uint8_t* w, const float* scale, const float (&rest)[R][M], i
 }
 #endif
 
-// x [rows, K] bf16 @ (scales * codes).T -> [rows, N] bf16.
-at::Tensor q6_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, int64_t group,
-                   const std::optional<at::Tensor>& scale_steps) {
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16,
-              "q6_gemv: x is a CPU [rows, K] bfloat16 tensor");
-  TORCH_CHECK(x.size(1) % kBlock == 0, "q6_gemv: K is a multiple of 128");
-  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kByte && w.size(1) * 4 == x.size(1) * 3 &&
-                  w.size(0) % kQuad == 0,
-              "q6_gemv: codes are contiguous uint8 [N, K * 3 / 4] with K = x's width and N a multiple of 4");
-  TORCH_CHECK(group == 16 || group == 32, "q6_gemv: group is 16 or 32");
-  TORCH_CHECK(x.size(0) <= kMaxRows, "q6_gemv: at most 8 rows a call");
-  const int64_t rows = x.size(0), k = x.size(1), n = w.size(0), groups = k / group;
-  const auto sg = radixserve::GroupScales::of(scales, scale_steps, n, groups, "q6_gemv");
-  at::Tensor out = at::empty({rows, n}, x.options());
 #if RADIXSERVE_Q6_BF16
-  // The activations as contiguous bf16 bits, and each group's sum (float32), once per call.
-  std::vector<uint16_t> xb(rows * k);
-  std::vector<float> sums(rows * groups, 0.f);
+// The activations of one call as dot_rows reads them: bf16 bits in code_at's order, and each
+// group's sum (float32), formed once per call. x may be a view of some rows of a larger tensor
+// (q6_gemv_experts: an expert's).
+struct Q6Activations {
+  std::vector<uint16_t> xb;
+  std::vector<float> sums;
+};
+
+Q6Activations prepare(const at::Tensor& x, int64_t group) {
+  const int64_t rows = x.size(0), k = x.size(1), groups = k / group;
+  Q6Activations a{std::vector<uint16_t>(rows * k), std::vector<float>(rows * groups, 0.f)};
+  std::vector<uint16_t>& xb = a.xb;
+  std::vector<float>& sums = a.sums;
   const c10::BFloat16* xs = x.data_ptr<c10::BFloat16>();
   if (x.stride(1) == 1) {  // the decode step's case, with vectors: the scalar loops below took tens of
     // microseconds a call on wide rows
@@ -197,47 +194,121 @@ at::Tensor q6_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s
         xb[m * k + i] = xs[m * x.stride(0) + code * x.stride(1)].x;
       }
   }
+  return a;
+}
+
+// Weight-row quads [quad_begin, quad_end) of one weight against `rows` prepared activation rows,
+// into out [rows, n].
+void products(const uint8_t* wp, const radixserve::GroupScales& sg, int64_t n, int64_t k, int64_t group,
+              int64_t quad_begin, int64_t quad_end, const Q6Activations& a, int64_t rows, bool prefetch,
+              c10::BFloat16* op) {
+  const int64_t begin = quad_begin * kQuad, end = quad_end * kQuad, groups = k / group;
+  radixserve::with_row_count(rows, [&](auto count) {
+    constexpr int M = decltype(count)::value;
+    constexpr int R = M <= 4 ? 4 : 2;
+    std::vector<float> scale(R * groups);
+    const auto run = [&](auto rows_now, int64_t j) {
+      constexpr int RN = decltype(rows_now)::value;
+      sg.expand(j, RN, scale.data());
+      float rest[RN][M];
+      for (int r = 0; r < RN; ++r)
+        for (int m = 0; m < M; ++m) {
+          const float* sr = scale.data() + r * groups;
+          const float* xm = a.sums.data() + m * groups;
+          float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t g = 0; g < groups; ++g) sum += sr[g] * xm[g];
+          rest[r][m] = -kOffset * sum;
+        }
+      // a compile-time group (no division in the loop) and prefetching (the loop without it unchanged)
+      const auto dot = [&](auto group_now) {
+        constexpr int G = decltype(group_now)::value;
+        if (prefetch)
+          dot_rows<M, RN, G, true>(wp, scale.data(), rest, n, k, j, a.xb.data(), op);
+        else
+          dot_rows<M, RN, G, false>(wp, scale.data(), rest, n, k, j, a.xb.data(), op);
+      };
+      if (group == 16)
+        dot(std::integral_constant<int, 16>{});
+      else
+        dot(std::integral_constant<int, 32>{});
+    };
+    for (int64_t j = begin; j < end; j += R) run(std::integral_constant<int, R>{}, j);  // R divides a quad
+  });
+}
+#endif
+
+void check(const at::Tensor& x, const at::Tensor& w, int64_t group, const char* what) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16,
+              what, ": x is a CPU [rows, K] bfloat16 tensor");
+  TORCH_CHECK(x.size(1) % kBlock == 0, what, ": K is a multiple of 128");
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kByte && w.size(1) * 4 == x.size(1) * 3 &&
+                  w.size(0) % kQuad == 0,
+              what, ": codes are contiguous uint8 [N, K * 3 / 4] with K = x's width and N a multiple of 4");
+  TORCH_CHECK(group == 16 || group == 32, what, ": group is 16 or 32");
+  TORCH_CHECK(x.size(0) <= kMaxRows, what, ": at most 8 rows a call");
+}
+
+// x [rows, K] bf16 @ (scales * codes).T -> [rows, N] bf16.
+at::Tensor q6_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, int64_t group,
+                   const std::optional<at::Tensor>& scale_steps) {
+  check(x, w, group, "q6_gemv");
+  const int64_t rows = x.size(0), k = x.size(1), n = w.size(0), groups = k / group;
+  const auto sg = radixserve::GroupScales::of(scales, scale_steps, n, groups, "q6_gemv");
+  at::Tensor out = at::empty({rows, n}, x.options());
+#if RADIXSERVE_Q6_BF16
+  const Q6Activations a = prepare(x, group);
   const uint8_t* wp = w.data_ptr<uint8_t>();
   c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
   const bool prefetch = radixserve::activations_spill(rows * k * 2);
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 13) / k);  // quads
   at::parallel_for(0, n / kQuad, grain, [&](int64_t quad_begin, int64_t quad_end) {
-    const int64_t begin = quad_begin * kQuad, end = quad_end * kQuad;
-    radixserve::with_row_count(rows, [&](auto count) {
-      constexpr int M = decltype(count)::value;
-      constexpr int R = M <= 4 ? 4 : 2;
-      std::vector<float> scale(R * groups);
-      const auto run = [&](auto rows_now, int64_t j) {
-        constexpr int RN = decltype(rows_now)::value;
-        sg.expand(j, RN, scale.data());
-        float rest[RN][M];
-        for (int r = 0; r < RN; ++r)
-          for (int m = 0; m < M; ++m) {
-            const float* sr = scale.data() + r * groups;
-            const float* xm = sums.data() + m * groups;
-            float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t g = 0; g < groups; ++g) sum += sr[g] * xm[g];
-            rest[r][m] = -kOffset * sum;
-          }
-        // a compile-time group (no division in the loop) and prefetching (the loop without it unchanged)
-        const auto dot = [&](auto group_now) {
-          constexpr int G = decltype(group_now)::value;
-          if (prefetch)
-            dot_rows<M, RN, G, true>(wp, scale.data(), rest, n, k, j, xb.data(), op);
-          else
-            dot_rows<M, RN, G, false>(wp, scale.data(), rest, n, k, j, xb.data(), op);
-        };
-        if (group == 16)
-          dot(std::integral_constant<int, 16>{});
-        else
-          dot(std::integral_constant<int, 32>{});
-      };
-      for (int64_t j = begin; j < end; j += R) run(std::integral_constant<int, R>{}, j);  // R divides a quad
-    });
+    products(wp, sg, n, k, group, quad_begin, quad_end, a, rows, prefetch, op);
   });
 #else
   TORCH_CHECK(false, "q6_gemv: this build has no bf16 dot products (q6_gemv_fast() is false)");
+#endif
+  return out;
+}
+
+// A mixture of experts' products in one call, as int4_gemv_experts for q6_gemv: x [R, K] bf16 holds
+// the routed rows grouped by expert (counts[e] rows for expert e, in order: expert_rows.h), w[e]
+// etc. each expert's weight as q6_gemv takes it ([N, K] alike, one group); -> [R, N] bf16, each
+// expert's rows exactly what q6_gemv gives for them alone. One parallel region over every
+// expert's quads (a Q4_K_M mixture keeps some layers' down projections in Q6_K).
+at::Tensor q6_gemv_experts(const at::Tensor& x, at::IntArrayRef counts, at::TensorList w, at::TensorList scales,
+                           int64_t group, at::TensorList scale_steps) {
+  const int64_t experts = static_cast<int64_t>(w.size());
+  TORCH_CHECK(scales.size() == w.size() && (scale_steps.empty() || scale_steps.size() == w.size()),
+              "q6_gemv_experts: as many weights and scales (and steps, where given)");
+  const std::vector<int64_t> first = radixserve::expert_rows(x, counts, experts, "q6_gemv_experts");
+  const int64_t k = x.size(1), n = w[0].size(0), groups = k / std::max<int64_t>(group, 1);
+  std::vector<radixserve::GroupScales> sg;
+  for (int64_t e = 0; e < experts; ++e) {
+    check(x.narrow(0, first[e], counts[e]), w[e], group, "q6_gemv_experts");
+    TORCH_CHECK(w[e].size(0) == n, "q6_gemv_experts: every expert's codes are [N, K * 3 / 4] with one N");
+    sg.push_back(radixserve::GroupScales::of(
+        scales[e], scale_steps.empty() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(scale_steps[e]), n,
+        groups, "q6_gemv_experts"));
+  }
+  at::Tensor out = at::empty({x.size(0), n}, x.options());
+#if RADIXSERVE_Q6_BF16
+  std::vector<Q6Activations> a;
+  std::vector<int64_t> unit(experts + 1, 0);  // expert e's quads are units [unit[e], unit[e + 1])
+  for (int64_t e = 0; e < experts; ++e) {
+    a.push_back(prepare(x.narrow(0, first[e], counts[e]), group));
+    unit[e + 1] = unit[e] + n / kQuad;
+  }
+  c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 13) / k);
+  at::parallel_for(0, unit[experts], grain, [&](int64_t begin, int64_t end) {
+    radixserve::for_expert_units(unit, begin, end, [&](int64_t e, int64_t from, int64_t to) {
+      products(w[e].data_ptr<uint8_t>(), sg[e], n, k, group, from, to, a[e], counts[e],
+               radixserve::activations_spill(counts[e] * k * 2), op + first[e] * n);
+    });
+  });
+#else
+  TORCH_CHECK(false, "q6_gemv_experts: this build has no bf16 dot products (q6_gemv_fast() is false)");
 #endif
   return out;
 }
@@ -314,5 +385,7 @@ TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.def("q6_gemv(Tensor x, Tensor w, Tensor scales, int group, Tensor? scale_steps=None) -> Tensor", q6_gemv);
   m.def("dequant_q6_rows(Tensor w, Tensor scales, int group, ScalarType dtype, Tensor? scale_steps=None) -> Tensor",
         dequant_q6_rows);
+  m.def("q6_gemv_experts(Tensor x, int[] counts, Tensor[] w, Tensor[] scales, int group, Tensor[] scale_steps) -> Tensor",
+        q6_gemv_experts);
   m.def("q6_gemv_fast() -> bool", q6_gemv_fast);
 }

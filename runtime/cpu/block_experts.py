@@ -8,10 +8,11 @@ tensors, and the routing and grouping stay those of StackedExperts: an expert ru
 rows routed to it, from its codes (a decode step's expert sees a row or two: the few-row kernels),
 so a 30B mixture with 3B active weights reads about 3B weights' codes a token. Each projection of
 all the routed experts is one kernel call where a kernel takes them all, with the loop's result bit
-for bit: Q4_K ones by int4_gemv_experts (bf16, float or int16 activations, as int4_gemv; where no
-expert has more rows than one int4_gemv call takes), and with `--int8-activations` on AVX2,
-int4_gemv_q8_experts for Q4_K and group_gemv_q8_experts for Q6_K. A projection no kernel takes
-(a Q6_K down projection at six bits) runs expert by expert, its layer's other projection still in one call.
+for bit: Q4_K ones by int4_gemv_experts (bf16, float or int16 activations, as int4_gemv), Q6_K
+ones at six bits by q6_gemv_experts (bf16 activations), each where no expert has more rows than
+one call of its kernel takes; with `--int8-activations` on AVX2, int4_gemv_q8_experts for Q4_K and
+group_gemv_q8_experts for Q6_K. A projection no kernel takes (kinds mixed, or a Q6_K one in int8
+codes with float activations) runs expert by expert, its layer's other projection still in one call.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch import nn
 from kernels.cpu_ops import ops
 from runtime.cpu.block_cache import BlockStore
 from runtime.cpu.block_linear import BlockLinear, Groups, built_weights, merge_parts
-from runtime.cpu.block_weights import Int4Blocks, Int8Blocks, block_weight, rounds_to_int16
+from runtime.cpu.block_weights import FEW_ROWS, Int4Blocks, Int8Blocks, Q6Blocks, block_weight, rounds_to_int16
 from runtime.layers.moe import Routing, StackedExperts, group_by_expert
 from runtime.loading.gguf_groups import expert_weight_name
 
@@ -79,19 +80,23 @@ class BlockExperts(nn.Module):
         return sum(layer.nbytes() for layer in (*self.gate_up, *self.down))
 
 
-def one_call_weights(layers: list[BlockLinear]) -> list[Int4Blocks] | list[Int8Blocks] | None:
+def one_call_weights(layers: list[BlockLinear]) -> list[Int4Blocks] | list[Int8Blocks] | list[Q6Blocks] | None:
     """The layers' weights where one kernel call takes them all (each layer one part, no bias, all
     of one kind and shape), else None:
     - Q4_K or Q4_0 ones summing float activations (bf16, float32, or rounded to int16 alike) for
       int4_gemv_experts;
+    - Q6_K ones at six bits (Q6Blocks: bf16 activations), of one group, for q6_gemv_experts;
     - with int8 activations, on an AVX2 build: Q4_K ones (scales and lows factored) for
       int4_gemv_q8_experts, Q6_K ones for group_gemv_q8_experts."""
     parts = [layer.parts[0] for layer in layers if len(layer.parts) == 1 and layer.bias is None]
     if not parts or len(parts) != len(layers):
         return None
     kind, first = type(parts[0]), parts[0]
-    if kind not in (Int4Blocks, Int8Blocks) or not all(type(p) is kind and p.shape == first.shape for p in parts):
+    if kind not in (Int4Blocks, Int8Blocks, Q6Blocks) or not all(type(p) is kind and p.shape == first.shape for p in parts):
         return None
+    if kind is Q6Blocks:
+        alike = all(p.group == first.group and (p.steps is None) == (first.steps is None) for p in parts)  # type: ignore[attr-defined]
+        return parts if alike and six_bit_experts_kernel() else None  # type: ignore[return-value]
     if not first.int8_activations:  # type: ignore[attr-defined]
         if kind is not Int4Blocks or not float_experts_kernel():
             return None
@@ -118,19 +123,32 @@ def float_experts_kernel() -> bool:
     return built is not None and bool(built.int4_gemv_fast())  # type: ignore[attr-defined]
 
 
+@functools.cache
+def six_bit_experts_kernel() -> bool:
+    built = ops()
+    return built is not None and bool(built.q6_gemv_fast())  # type: ignore[attr-defined]
+
+
 def projection(x: torch.Tensor, sizes: list[int], ids: list[int], layers: list[BlockLinear],
-               parts: list[Int4Blocks] | list[Int8Blocks] | None) -> torch.Tensor:
+               parts: list[Int4Blocks] | list[Int8Blocks] | list[Q6Blocks] | None) -> torch.Tensor:
     """x's rows grouped by expert (sizes[i] rows for expert ids[i]) through one projection of their
     experts: in one call where `parts` are one-call weights and every expert's rows fit one call of
     its kernel, else expert by expert (what forward_loop does, the same bits)."""
-    if parts is not None and (parts[0].int8_activations or max(sizes) <= parts[0].rows_a_call):  # type: ignore[union-attr]
+    if parts is not None and (getattr(parts[0], "int8_activations", False)
+                              or max(sizes) <= getattr(parts[0], "rows_a_call", FEW_ROWS)):
         return experts_product(x, sizes, [parts[e] for e in ids])
     return torch.cat([layers[e](chunk) for e, chunk in zip(ids, x.split(sizes), strict=True)])
 
 
-def experts_product(x: torch.Tensor, counts: list[int], parts: list[Int4Blocks] | list[Int8Blocks]) -> torch.Tensor:
+def experts_product(x: torch.Tensor, counts: list[int],
+                    parts: list[Int4Blocks] | list[Int8Blocks] | list[Q6Blocks]) -> torch.Tensor:
     """x's rows grouped by expert (counts[e] rows for parts[e], in order) against their experts:
     [len(x), N]."""
+    if isinstance(parts[0], Q6Blocks):
+        six = parts[0]
+        return ops().q6_gemv_experts(x.to(torch.bfloat16), counts, [p.packed for p in parts],  # type: ignore[union-attr]
+                                     [p.scales for p in parts], six.group,
+                                     [] if six.steps is None else [p.steps for p in parts]).to(x.dtype)
     if isinstance(parts[0], Int8Blocks):
         return ops().group_gemv_q8_experts(x, counts, [p.codes for p in parts], [p.scales for p in parts],  # type: ignore[union-attr]
                                            [p.steps for p in parts])

@@ -1,9 +1,11 @@
 """A mixture's Q4_K experts summing float activations, the default (runtime/cpu/block_experts.py
 BlockExperts.forward): each projection of all the routed experts in one kernel call
 (kernels/csrc/int4_gemv.cpp int4_gemv_experts) with the host loop's result bit for bit, in bf16 and
-float32 and with the activations rounded to int16; a Q6_K down projection, or an expert with more
-rows than one call takes, expert by expert; the kernel against int4_gemv expert by expert; bad
-input refused. Runs wherever the int4 kernel has vector loops (AVX-512 or AVX2)."""
+float32 and with the activations rounded to int16; Q6_K down projections at six bits in one call
+too (q6_gemv.cpp q6_gemv_experts, where the CPU has bf16 dot products); Q6_K ones in int8 codes,
+kinds mixed, or an expert with more rows than one call takes, expert by expert; the kernels against
+int4_gemv and q6_gemv expert by expert; bad input refused. Runs wherever the int4 kernel has vector
+loops (AVX-512 or AVX2)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 from kernels.cpu_ops import ops
 from runtime.cpu.block_experts import BlockExperts, experts_product, one_call_weights
 from runtime.cpu.block_linear import BlockLinear
-from runtime.cpu.block_weights import FEW_ROWS, Int4Blocks, Int8Blocks
+from runtime.cpu.block_weights import FEW_ROWS, Int4Blocks, Int8Blocks, Q6Blocks
 from runtime.layers.moe import Routing, StackedExperts
 from runtime.loading.gguf_groups import Int4Groups
 from runtime.loading.gguf_int8_groups import Int8Groups
@@ -31,24 +33,35 @@ def q4_k(n: int, k: int, seed: int, int16: bool) -> Int4Blocks:
     return weight
 
 
+def six_bits() -> bool:
+    return bool(ops().q6_gemv_fast())
+
+
+def q6_k(seed: int, six: bool) -> Int8Blocks | Q6Blocks:
+    groups = Int8Groups(*q6k(HIDDEN, INTER, seed=seed))
+    return Q6Blocks(groups) if six else Int8Blocks(groups)
+
+
 def experts(int16: bool, q6_k_down: str = "none") -> BlockExperts:
-    """Q4_K gate/up projections; down projections Q4_K, Q6_K ("all"), or one of them Q6_K ("one")."""
+    """Q4_K gate/up projections; down projections Q4_K, Q6_K in int8 codes ("all"), one of them so
+    ("one"), or Q6_K at six bits ("six")."""
     gate_up = [BlockLinear([q4_k(2 * INTER, HIDDEN, e, int16)], None) for e in range(E)]
-    down = [BlockLinear([Int8Blocks(Int8Groups(*q6k(HIDDEN, INTER, seed=50 + e)))
-                         if q6_k_down == "all" or (q6_k_down == "one" and e == 2)
+    down = [BlockLinear([q6_k(50 + e, q6_k_down == "six") if q6_k_down in ("all", "six") or (q6_k_down == "one" and e == 2)
                          else q4_k(HIDDEN, INTER, 100 + e, int16)], None) for e in range(E)]
     return BlockExperts(StackedExperts(E, HIDDEN, INTER, "silu"), gate_up, down)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("int16", [False, True], ids=["float", "int16"])
-@pytest.mark.parametrize("q6_k_down", ["none", "all", "one"])
+@pytest.mark.parametrize("q6_k_down", ["none", "all", "one", "six"])
 @pytest.mark.parametrize("tokens", [1, 2, 16])  # 16 x 4 over 6 experts: some take more rows than a float call
 def test_the_experts_in_one_call_give_the_loops_bits(dtype: torch.dtype, int16: bool, q6_k_down: str,
                                                      tokens: int) -> None:
+    if q6_k_down == "six" and not six_bits():
+        pytest.skip("no bf16 dot products here: Q6_K stays in int8 codes")
     moe = experts(int16, q6_k_down)
     calls = moe.one_call()
-    assert calls is not None and calls[0] is not None and (calls[1] is None) == (q6_k_down != "none")
+    assert calls is not None and calls[0] is not None and (calls[1] is None) == (q6_k_down in ("all", "one"))
     g = torch.Generator().manual_seed(tokens)
     for _ in range(3):
         x = torch.randn(tokens, HIDDEN, generator=g).to(dtype)
@@ -74,6 +87,28 @@ def test_the_kernel_is_int4_gemv_per_expert(dtype: torch.dtype, int16: bool) -> 
     assert plain[0].scale_steps is None and one_call_weights([BlockLinear([p], None) for p in plain]) == plain
     out = experts_product(x[:4], [1, 3], plain)
     assert torch.equal(out[:1], plain[0].few(x[:1])) and torch.equal(out[1:], plain[1].few(x[1:4]))
+
+
+def test_the_six_bit_kernel_is_q6_gemv_per_expert() -> None:
+    if not six_bits():
+        pytest.skip("no bf16 dot products here")
+    parts = one_call_weights(experts(False, "six").down)
+    assert parts is not None and all(isinstance(p, Q6Blocks) for p in parts)
+    counts = [1, 3, FEW_ROWS, 1, 5, 2]
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn(sum(counts), INTER, generator=torch.Generator().manual_seed(7)).to(dtype)
+        out = experts_product(x, counts, parts)
+        assert out.dtype == dtype
+        for p, rows, got in zip(parts, x.split(counts), out.split(counts), strict=True):
+            assert torch.equal(got, p.few(rows))
+    p = parts[0]
+    with pytest.raises(RuntimeError, match="at most 8 rows a call"):
+        experts_product(torch.randn(FEW_ROWS + 1, INTER), [FEW_ROWS + 1], parts[:1])
+    with pytest.raises(RuntimeError, match="one N"):
+        ops().q6_gemv_experts(torch.randn(2, INTER).bfloat16(), [1, 1], [p.packed, p.packed[:4]],
+                              [p.scales, p.scales[:4]], p.group, [] if p.steps is None else [p.steps, p.steps[:4]])
+    with pytest.raises(RuntimeError, match="as many weights and scales"):
+        ops().q6_gemv_experts(torch.randn(1, INTER).bfloat16(), [1], [p.packed], [p.scales, p.scales], p.group, [])
 
 
 def test_mixed_kinds_and_flags_are_not_one_call() -> None:
