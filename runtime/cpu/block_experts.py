@@ -112,21 +112,22 @@ def one_call_weights(layers: list[BlockLinear]) -> list[Int4Blocks] | list[Int8B
 
 
 @functools.cache
+def _built_says(flag: str) -> bool:
+    """The built kernels' answer to `flag()`; False without them."""
+    built = ops()
+    return built is not None and bool(getattr(built, flag)())
+
+
 def experts_kernel() -> bool:
-    built = ops()
-    return built is not None and bool(built.int4_gemv_q8_experts_fast())  # type: ignore[attr-defined]
+    return _built_says("int4_gemv_q8_experts_fast")  # the int8 one-call kernels (AVX2)
 
 
-@functools.cache
 def float_experts_kernel() -> bool:
-    built = ops()
-    return built is not None and bool(built.int4_gemv_fast())  # type: ignore[attr-defined]
+    return _built_says("int4_gemv_fast")  # int4_gemv_experts
 
 
-@functools.cache
 def six_bit_experts_kernel() -> bool:
-    built = ops()
-    return built is not None and bool(built.q6_gemv_fast())  # type: ignore[attr-defined]
+    return _built_says("q6_gemv_fast")  # q6_gemv_experts
 
 
 def projection(x: torch.Tensor, sizes: list[int], ids: list[int], layers: list[BlockLinear],
