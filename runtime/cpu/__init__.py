@@ -10,6 +10,7 @@
   copy in the activations' dtype (`--quantization gguf`);
 - output_layer.py: the output layer that times its ways per batch size;
 - weight_prefetch.py: whether the block kernels prefetch every layer's weights, timed at warm-up;
+- timing.py: which of several ways is fastest here (alternating, best of three), for those choices;
 - prepare.py: `resolve_quantization` (what --quantization, set or not, means here) and
   `prepare(model, precision, quantization)`, the calls the model runner makes.
 A GPU reader can skip this folder: the runner is device-neutral but for that call.

@@ -21,7 +21,6 @@ v and down projections in Q6_K) holds one part per run of rows, concatenated in 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 
 import torch
@@ -30,6 +29,7 @@ from torch import nn
 from runtime.cpu.block_cache import BlockStore
 from runtime.cpu.block_weights import FEW_ROWS, BlockWeight, DenseBlocks, Int4Blocks, Int8Blocks, block_weight
 from runtime.cpu.kernel_linear import linear_kernel, packing_supported
+from runtime.cpu.timing import best_times
 from runtime.layers.output_layer import OutputLayer
 from runtime.loading.gguf_groups import Int4Groups, PackedInt4Groups
 from runtime.loading.gguf_int8_groups import Int8Groups
@@ -175,10 +175,8 @@ class BlockOutputLayer(OutputLayer):
         wins: list[int] = []
         for rows in (r for r in COPY_TRIED if r <= max_rows):
             x = torch.randn(rows, weight.shape[1], generator=gen).to(getattr(weight, "wide_dtype", torch.bfloat16))  # type: ignore[attr-defined]
-            codes, packed = float("inf"), float("inf")
-            for _ in range(3):  # a first call of a shape pays for its setup
-                codes = min(codes, _seconds(lambda: block_product(weight, x)))  # type: ignore[arg-type]
-                packed = min(packed, _seconds(lambda: copy(x)))
+            times, _ = best_times({"codes": lambda: block_product(weight, x), "packed": lambda: copy(x)})  # type: ignore[arg-type]
+            codes, packed = times["codes"], times["packed"]
             logger.info("output layer, %d rows: its codes %.1f ms, its packed copy %.1f ms", rows, 1e3 * codes,
                         1e3 * packed)
             wins.append(rows if packed < codes else 0)
@@ -186,12 +184,6 @@ class BlockOutputLayer(OutputLayer):
             if not rows:
                 break
             self.copy_from = rows
-
-
-def _seconds(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def merge_parts(parts: list[Groups | torch.Tensor]) -> list[Groups | torch.Tensor]:

@@ -11,12 +11,13 @@ oneDNN-packed copy, a bf16 copy of fp32 weights on CPUs without bf16 units, int8
 
 from __future__ import annotations
 
+import functools
 import logging
-import time
 from collections.abc import Callable
 
 import torch
 
+from runtime.cpu.timing import best_times
 from runtime.layers.output_layer import OutputLayer, linear_logits
 
 logger = logging.getLogger(__name__)
@@ -70,15 +71,10 @@ class TimedOutputLayer(OutputLayer):
         return rows == 1 and len(self.ways) == len(WAYS)
 
     def _measure(self, bucket: int, hidden: torch.Tensor, weight: torch.Tensor) -> tuple[str, torch.Tensor]:
-        times, logits = dict.fromkeys(self.ways, float("inf")), None
-        for _ in range(3):  # alternating, best of three: first runs of a shape pay for allocations
-            for name, way in self.ways.items():
-                start = time.perf_counter()
-                logits = way(hidden, weight)
-                times[name] = min(times[name], time.perf_counter() - start)
+        times, logits = best_times({name: functools.partial(way, hidden, weight) for name, way in self.ways.items()})
         way = min(times, key=times.get)
         self.choice[bucket] = way
         logger.info("output layer, batch <= %d: %s (%s)", bucket, way,
                     ", ".join(f"{n} {1e3 * t:.1f} ms" for n, t in times.items()))
-        assert logits is not None
+        assert isinstance(logits, torch.Tensor)
         return way, logits

@@ -12,14 +12,14 @@ and memory, not on a flag one can read:
 
 So warm-up, on the thread that will serve, times one pass of a decode step's weight reads (every
 block layer's codes and the output layer's, in the order a step reads them, one activation row)
-with each line, alternating, best of ROUNDS, and keeps the built-in line unless prefetching at
+with each line, alternating, best of three (timing.py), and keeps the built-in line unless prefetching at
 every width is faster by MARGIN. Prefetching moves no sums: the outputs are the same either way.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import time
 
 import torch
 from torch import nn
@@ -27,12 +27,12 @@ from torch import nn
 from kernels.cpu_ops import ops
 from runtime.cpu.block_linear import block_parts
 from runtime.cpu.block_weights import Int4Blocks, Q6Blocks
+from runtime.cpu.timing import best_times
 
 logger = logging.getLogger(__name__)
 
 BUILT_IN = -1  # kSpillBytes: prefetch where the activations outgrow 8 KB
 EVERY_WIDTH = 0  # prefetch at every width
-ROUNDS = 3
 MARGIN = 0.03  # a faster pass by less than this is the machine's noise, not the line's
 
 
@@ -47,18 +47,13 @@ def choose_weight_prefetch(model: nn.Module, dtype: torch.dtype) -> bool:
     gen = torch.Generator(device="cpu").manual_seed(0)
     xs = [torch.randn(1, p.shape[1], generator=gen).to(dtype) for p in parts]
 
-    def one_pass(line: int) -> float:
-        built.set_weight_prefetch_line(line)  # type: ignore[attr-defined]
-        start = time.perf_counter()
+    def one_pass(line: int) -> None:
+        built.set_weight_prefetch_line(line)  # type: ignore[attr-defined]  # (a few microseconds)
         for part, x in zip(parts, xs, strict=True):
             part.few(x)
-        return time.perf_counter() - start
 
-    best = {BUILT_IN: float("inf"), EVERY_WIDTH: float("inf")}
     with torch.inference_mode():
-        for _ in range(ROUNDS):  # the first pass of each pays for its calls' setup: the best of the rest counts
-            for line in best:
-                best[line] = min(best[line], one_pass(line))
+        best, _ = best_times({line: functools.partial(one_pass, line) for line in (BUILT_IN, EVERY_WIDTH)})
     every = best[EVERY_WIDTH] < (1 - MARGIN) * best[BUILT_IN]
     built.set_weight_prefetch_line(EVERY_WIDTH if every else BUILT_IN)  # type: ignore[attr-defined]
     logger.info("weight prefetch: a decode pass over %d block weights %.1f ms with the built-in line, %.1f ms "

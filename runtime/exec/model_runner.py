@@ -164,7 +164,6 @@ class ModelRunner:
         self._cpu_threads = (cfg.cpu_threads, cfg.adapt_cpu_threads)
         self.threads: cpu.ThreadGovernor | None = None  # set on the engine thread (warm_up)
         self.cpu_thread_ceiling: int | None = None
-        self.prefetch_every_width = False  # the block kernels' prefetch line, timed at warm-up
         # a model whose step reads data-dependent sizes on the host (the MoE expert loop) runs eagerly
         if self.device.type == "cuda" and cfg.cuda_graph_max_bs and getattr(self.model, "cuda_graphs", True):
             self.graphs = self._capture(min(cfg.cuda_graph_max_bs, cfg.max_requests))
@@ -202,7 +201,7 @@ class ModelRunner:
             requested, adapt = self._cpu_threads
             self.threads = cpu.ThreadGovernor.for_this_process(requested, adapt)
             self.cpu_thread_ceiling = torch.get_num_threads() if self.threads is None else self.threads.ceiling
-            self.prefetch_every_width = cpu.choose_weight_prefetch(self.model, self.dtype)
+            cpu.choose_weight_prefetch(self.model, self.dtype)
         warm = getattr(self.output_layer, "warm_up", None)
         if warm is not None:
             with torch.inference_mode():

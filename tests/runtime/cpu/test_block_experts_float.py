@@ -119,14 +119,20 @@ def test_mixed_kinds_and_flags_are_not_one_call() -> None:
     assert one_call_weights([BlockLinear([p], None) for p in mixed]) is None  # two roundings in one call
 
 
+def refuses_bad_counts(parts: list, width: int) -> None:
+    """Counts that do not add up to x's rows, or an expert of none, refused by expert_rows.h (every
+    one-call kernel's check; test_block_experts_one_call.py runs it on the int8 ones)."""
+    with pytest.raises(RuntimeError, match=r"sum\(counts\)"):
+        experts_product(torch.randn(3, width), [1, 1], parts[:2])
+    with pytest.raises(RuntimeError, match="at least 1"):
+        experts_product(torch.randn(2, width), [2, 0], parts[:2])
+
+
 def test_bad_input_is_refused() -> None:
     parts = one_call_weights(experts(False).gate_up)
     assert parts is not None
     p = parts[0]
-    with pytest.raises(RuntimeError, match=r"sum\(counts\)"):
-        experts_product(torch.randn(3, HIDDEN), [1, 1], parts[:2])
-    with pytest.raises(RuntimeError, match="at least 1"):
-        experts_product(torch.randn(2, HIDDEN), [2, 0], parts[:2])
+    refuses_bad_counts(parts, HIDDEN)
     with pytest.raises(RuntimeError, match="as many weights, scales and lows"):
         ops().int4_gemv_experts(torch.randn(1, HIDDEN), [1], [p.packed], [p.scales, p.scales], [p.lows],
                                 [p.scale_steps], [p.low_steps])

@@ -19,6 +19,7 @@ from runtime.loading.gguf_groups import Int4Groups
 from runtime.loading.gguf_int8_groups import Int8Groups
 from tests.kernels.test_group_q8_gemv import q6k
 from tests.kernels.test_int4_q8_gemv import q4k
+from tests.runtime.cpu.test_block_experts_float import refuses_bad_counts
 
 pytestmark = pytest.mark.skipif(ops() is None or not ops().int4_gemv_q8_experts_fast(),
                                 reason="no CPU kernels, or no AVX2 int8-activation loops in this build")
@@ -81,10 +82,7 @@ def test_bad_input_is_refused() -> None:
     parts = one_call_weights(experts().gate_up)
     assert parts is not None
     p = parts[0]
-    with pytest.raises(RuntimeError, match=r"sum\(counts\)"):
-        experts_product(torch.randn(3, HIDDEN), [1, 1], parts[:2])
-    with pytest.raises(RuntimeError, match="at least 1"):
-        experts_product(torch.randn(2, HIDDEN), [2, 0], parts[:2])
+    refuses_bad_counts(parts, HIDDEN)
     with pytest.raises(RuntimeError, match="as many weights, scales"):
         ops().int4_gemv_q8_experts(torch.randn(1, HIDDEN), [1], [p.packed], [p.scales, p.scales], [p.scale_steps],
                                    [p.lows], [p.low_steps])
