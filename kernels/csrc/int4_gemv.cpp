@@ -933,8 +933,8 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 // the routed rows grouped by expert (counts[e] rows for expert e, in order: expert_rows.h), w[e]
 // etc. each expert's weight as int4_gemv takes it ([N, K] alike); -> [R, N], each expert's rows
 // exactly what int4_gemv gives for them alone (the same loop for the same row count; the threads
-// split the work elsewhere, but every sum is one thread's). One parallel region over every
-// expert's quads, where a call an expert took a thread wake-up and the Python around it (the
+// split the work elsewhere, but every sum is one thread's). One parallel region, each thread a share
+// of every expert's quads (expert_rows.h for_every_expert), where a call an expert took a thread wake-up and the Python around it (the
 // 30B-A3B shape's decode step: 8 experts a layer, two calls each).
 at::Tensor int4_gemv_experts(const at::Tensor& x, at::IntArrayRef counts, at::TensorList w, at::TensorList scales,
                              at::TensorList lows, at::TensorList scale_steps, at::TensorList low_steps,
@@ -949,7 +949,6 @@ at::Tensor int4_gemv_experts(const at::Tensor& x, at::IntArrayRef counts, at::Te
   const bool bf16 = bf16_loop(x, int16_activations);
   std::vector<radixserve::GroupScales> sg, lg;
   std::vector<Activations> a;
-  std::vector<int64_t> unit(experts + 1, 0);  // expert e's quads are units [unit[e], unit[e + 1])
   for (int64_t e = 0; e < experts; ++e) {
     const at::Tensor rows = x.narrow(0, first[e], counts[e]);
     check(rows, w[e], int16_activations);
@@ -958,17 +957,14 @@ at::Tensor int4_gemv_experts(const at::Tensor& x, at::IntArrayRef counts, at::Te
     sg.push_back(radixserve::GroupScales::of(scales[e], step(scale_steps), n, k / kGroup, "int4_gemv_experts"));
     lg.push_back(radixserve::GroupScales::of(lows[e], step(low_steps), n, k / kGroup, "int4_gemv_experts lows"));
     a.push_back(prepare(rows, bf16, int16_activations));
-    unit[e + 1] = unit[e] + n / kQuad;
   }
   at::Tensor out = at::empty({x.size(0), n}, x.options());
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 15) / k);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int4_gemv_experts", [&] {
     scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, unit[experts], grain, [&](int64_t begin, int64_t end) {
-      radixserve::for_expert_units(unit, begin, end, [&](int64_t e, int64_t from, int64_t to) {
-        products(w[e].data_ptr<uint8_t>(), sg[e], lg[e], n, from, to, a[e], counts[e], bf16, int16_activations,
-                 op + first[e] * n);
-      });
+    radixserve::for_every_expert(n / kQuad, experts, grain, [&](int64_t e, int64_t from, int64_t to) {
+      products(w[e].data_ptr<uint8_t>(), sg[e], lg[e], n, from, to, a[e], counts[e], bf16, int16_activations,
+               op + first[e] * n);
     });
   });
   return out;

@@ -274,8 +274,8 @@ at::Tensor q6_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s
 // A mixture of experts' products in one call, as int4_gemv_experts for q6_gemv: x [R, K] bf16 holds
 // the routed rows grouped by expert (counts[e] rows for expert e, in order: expert_rows.h), w[e]
 // etc. each expert's weight as q6_gemv takes it ([N, K] alike, one group); -> [R, N] bf16, each
-// expert's rows exactly what q6_gemv gives for them alone. One parallel region over every
-// expert's quads (a Q4_K_M mixture keeps some layers' down projections in Q6_K).
+// expert's rows exactly what q6_gemv gives for them alone. One parallel region, each thread a share
+// of every expert's quads (expert_rows.h for_every_expert; a Q4_K_M mixture keeps some layers' down projections in Q6_K).
 at::Tensor q6_gemv_experts(const at::Tensor& x, at::IntArrayRef counts, at::TensorList w, at::TensorList scales,
                            int64_t group, at::TensorList scale_steps) {
   const int64_t experts = static_cast<int64_t>(w.size());
@@ -294,18 +294,12 @@ at::Tensor q6_gemv_experts(const at::Tensor& x, at::IntArrayRef counts, at::Tens
   at::Tensor out = at::empty({x.size(0), n}, x.options());
 #if RADIXSERVE_Q6_BF16
   std::vector<Q6Activations> a;
-  std::vector<int64_t> unit(experts + 1, 0);  // expert e's quads are units [unit[e], unit[e + 1])
-  for (int64_t e = 0; e < experts; ++e) {
-    a.push_back(prepare(x.narrow(0, first[e], counts[e]), group));
-    unit[e + 1] = unit[e] + n / kQuad;
-  }
+  for (int64_t e = 0; e < experts; ++e) a.push_back(prepare(x.narrow(0, first[e], counts[e]), group));
   c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 13) / k);
-  at::parallel_for(0, unit[experts], grain, [&](int64_t begin, int64_t end) {
-    radixserve::for_expert_units(unit, begin, end, [&](int64_t e, int64_t from, int64_t to) {
-      products(w[e].data_ptr<uint8_t>(), sg[e], n, k, group, from, to, a[e], counts[e],
-               radixserve::activations_spill(counts[e] * k * 2), op + first[e] * n);
-    });
+  radixserve::for_every_expert(n / kQuad, experts, grain, [&](int64_t e, int64_t from, int64_t to) {
+    products(w[e].data_ptr<uint8_t>(), sg[e], n, k, group, from, to, a[e], counts[e],
+             radixserve::activations_spill(counts[e] * k * 2), op + first[e] * n);
   });
 #else
   TORCH_CHECK(false, "q6_gemv_experts: this build has no bf16 dot products (q6_gemv_fast() is false)");

@@ -9,10 +9,12 @@ rows routed to it, from its codes (a decode step's expert sees a row or two: the
 so a 30B mixture with 3B active weights reads about 3B weights' codes a token. Each projection of
 all the routed experts is one kernel call where a kernel takes them all, with the loop's result bit
 for bit: Q4_K ones by int4_gemv_experts (bf16, float or int16 activations, as int4_gemv), Q6_K
-ones at six bits by q6_gemv_experts (bf16 activations), each where no expert has more rows than
-one call of its kernel takes; with `--int8-activations` on AVX2, int4_gemv_q8_experts for Q4_K and
-group_gemv_q8_experts for Q6_K. A projection no kernel takes (kinds mixed, or a Q6_K one in int8
-codes with float activations) runs expert by expert, its layer's other projection still in one call.
+ones at six bits by q6_gemv_experts (bf16 activations); with `--int8-activations` on AVX2,
+int4_gemv_q8_experts for Q4_K and group_gemv_q8_experts for Q6_K. An expert with more rows than one
+kernel call takes goes in the same call in pieces (a batch's routing is often skewed: 16 streams of
+the 30B shape put up to 16 rows on one expert); one with more than the few-row kernels serve at all
+runs its wide product alone. A projection no kernel takes (kinds mixed, or a Q6_K one in int8 codes
+with float activations) runs expert by expert, its layer's other projection still in one call.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from torch import nn
 
 from kernels.cpu_ops import ops
 from runtime.cpu.block_cache import BlockStore
-from runtime.cpu.block_linear import BlockLinear, Groups, built_weights, merge_parts
+from runtime.cpu.block_linear import BlockLinear, Groups, built_weights, few_serves, merge_parts
 from runtime.cpu.block_weights import FEW_ROWS, Int4Blocks, Int8Blocks, Q6Blocks, block_weight, rounds_to_int16
 from runtime.layers.moe import Routing, StackedExperts, group_by_expert
 from runtime.loading.gguf_groups import expert_weight_name
@@ -133,12 +135,35 @@ def six_bit_experts_kernel() -> bool:
 def projection(x: torch.Tensor, sizes: list[int], ids: list[int], layers: list[BlockLinear],
                parts: list[Int4Blocks] | list[Int8Blocks] | list[Q6Blocks] | None) -> torch.Tensor:
     """x's rows grouped by expert (sizes[i] rows for expert ids[i]) through one projection of their
-    experts: in one call where `parts` are one-call weights and every expert's rows fit one call of
-    its kernel, else expert by expert (what forward_loop does, the same bits)."""
-    if parts is not None and (getattr(parts[0], "int8_activations", False)
-                              or max(sizes) <= getattr(parts[0], "rows_a_call", FEW_ROWS)):
+    experts, with forward_loop's bits: where `parts` are one-call weights, every expert whose rows
+    the loop would give the few-row kernels (block_linear.few_serves) in one call, its rows in
+    pieces of one kernel call's rows as few_product cuts them; the others (a wide product: more
+    rows than the kernels serve) expert by expert, as the loop does."""
+    if parts is None:
+        return torch.cat([layers[e](chunk) for e, chunk in zip(ids, x.split(sizes), strict=True)])
+    first = parts[0]
+    if getattr(first, "int8_activations", False):  # the int8 panel loops take any rows
         return experts_product(x, sizes, [parts[e] for e in ids])
-    return torch.cat([layers[e](chunk) for e, chunk in zip(ids, x.split(sizes), strict=True)])
+    step = getattr(first, "rows_a_call", FEW_ROWS)
+    if max(sizes) <= step:  # a decode step of a few rows: the common case, no pieces
+        return experts_product(x, sizes, [parts[e] for e in ids])
+    few = [few_serves(first, n) for n in sizes]  # the experts of a projection share kind, shape and flags
+    chunks = x.split(sizes)
+    counts: list[int] = []
+    weights: list = []
+    for e, n, kernel in zip(ids, sizes, few, strict=True):
+        if kernel:
+            pieces = [step] * (n // step) + ([n % step] if n % step else [])
+            counts += pieces
+            weights += [parts[e]] * len(pieces)
+    if all(few):
+        return experts_product(x, counts, weights)
+    done = iter(())
+    if weights:
+        taken = experts_product(torch.cat([c for c, kernel in zip(chunks, few, strict=True) if kernel]), counts, weights)
+        done = iter(taken.split([n for n, kernel in zip(sizes, few, strict=True) if kernel]))
+    return torch.cat([next(done) if kernel else layers[e](chunk)
+                      for e, chunk, kernel in zip(ids, chunks, few, strict=True)])
 
 
 def experts_product(x: torch.Tensor, counts: list[int],

@@ -67,16 +67,20 @@ def wide_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def block_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
-    rows = x.shape[0]
+def few_serves(weight: BlockWeight, rows: int) -> bool:
+    """Whether block_product takes `rows` rows through the few-row kernels (few_product)."""
     if rows <= WIDE_ROWS or rows <= getattr(weight, "integer_rows", 0):  # int16 loops: ahead of any wide path
+        return True
+    # A packed copy (a small model's, add_wide_copies) serves wider products; else the int4 kernel's
+    # passes beat dequantized slices up to 16 rows.
+    return getattr(weight, "wide_copy", None) is None and rows <= getattr(weight, "kernel_rows", WIDE_ROWS)
+
+
+def block_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
+    if few_serves(weight, x.shape[0]):
         return few_product(weight, x)
-    wide = getattr(weight, "wide_copy", None)  # a packed copy, where the model is small (add_wide_copies)
-    if wide is not None:
-        return wide(x)
-    if rows <= getattr(weight, "kernel_rows", WIDE_ROWS):  # the int4 kernel's passes beat slices up to 16 rows
-        return few_product(weight, x)
-    return wide_product(weight, x)
+    wide = getattr(weight, "wide_copy", None)
+    return wide(x) if wide is not None else wide_product(weight, x)
 
 
 def add_wide_copies(model: nn.Module, dtype: torch.dtype, available_bytes: int) -> int:

@@ -142,3 +142,28 @@ def test_bad_input_is_refused() -> None:
         ops().int4_gemv_experts(torch.randn(2, HIDDEN), [1, 1], [p.packed, p.packed[:4]], [p.scales, p.scales[:4]],
                                 [p.lows, p.lows[:4]], [p.scale_steps, p.scale_steps[:4]],
                                 [p.low_steps, p.low_steps[:4]])
+
+
+@pytest.mark.parametrize("sizes", [[12, 3], [FEW_ROWS + 1, 2 * FEW_ROWS], [20, 5, 2 * FEW_ROWS + 1], [20]])
+def test_an_expert_with_more_rows_than_a_call_goes_in_pieces(sizes: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past one call's rows, an expert's rows go into the same call in pieces of FEW_ROWS (the
+    loop's few_product cuts); past the 16 rows the float loop serves (kernel_rows), its wide
+    product alone: either way the loop's bits, in as few kernel calls as that takes."""
+    from runtime.cpu import block_experts
+    from runtime.cpu.block_experts import projection
+
+    moe = experts(False)
+    calls = moe.one_call()
+    assert calls is not None
+    counted: list[list[int]] = []
+    real = block_experts.experts_product
+    monkeypatch.setattr(block_experts, "experts_product",
+                        lambda x, counts, parts: counted.append(list(counts)) or real(x, counts, parts))
+    ids = list(range(len(sizes)))
+    x = torch.randn(sum(sizes), HIDDEN, generator=torch.Generator().manual_seed(3)).bfloat16()
+    out = projection(x, sizes, ids, moe.gate_up, calls[0])
+    loop = torch.cat([moe.gate_up[e](chunk) for e, chunk in zip(ids, x.split(sizes), strict=True)])
+    assert torch.equal(out, loop)
+    served = [n for n in sizes if n <= Int4Blocks.kernel_rows]
+    assert counted == ([[p for n in served for p in [FEW_ROWS] * (n // FEW_ROWS) + [n % FEW_ROWS] * (n % FEW_ROWS > 0)]]
+                       if served else [])
