@@ -95,6 +95,7 @@ struct Activations {
   std::vector<float> paired;   // [M, k] float32: per tile and i, the G groups' activation 2i, then their
                                // 2i + 1 (without AVX-512: [M, k] in order, for the portable loop)
   std::vector<uint16_t> bf16;  // [M, k] bf16 bits: per tile and i, each group's activations 2i, 2i + 1
+                               // (the small tiles then in bf16_small_tiles' order)
   std::vector<float> sums;     // [M, groups] each group's sum
   std::vector<int16_t, radixserve::CacheLineAllocator<int16_t>> x16;  // rounded to int16 a group at a time (activations16.h), in bf16's order,
                                // rows interleaved `interleave` at a time (x16_at)
@@ -126,7 +127,7 @@ inline int code_of(const uint8_t* w, int64_t k, int64_t row, int64_t groups, int
   return ((word[0] | (word[1] << 8)) >> (4 * at.nibble)) & 0x0F;
 }
 
-// Where activation c of group g goes in a row of Activations::bf16 ...
+// Where activation c of group g goes in a row of Activations::bf16 (before bf16_small_tiles) ...
 inline int64_t bf16_at(int64_t groups, int64_t g, int c) {
   const Tile tile = tile_holding(groups, g);
   return tile.group0 * kGroup + (c / 2) * 2 * tile.groups + 2 * (g - tile.group0) + c % 2;
@@ -142,6 +143,19 @@ inline void to_tile_order(const uint16_t* row, int64_t groups, uint16_t* out) {
     const int64_t at = tile.group0 * kGroup / 2;
     for (int64_t i = 0; i < kGroup / 2; ++i)
       for (int64_t l = 0; l < tile.groups; ++l) into[at + i * tile.groups + l] = pairs[at + l * kGroup / 2 + i];
+  }
+}
+
+// Activations::bf16's small tiles moved from the tiles' order (pairs i = 4v + t at i * 8 words)
+// to the order small_tile_bf16 reads them: nibble t's pairs of all four registers side by side,
+// pair i at (4t + v) * 8 (a 4 x 4 transpose of 16-byte pieces).
+inline void bf16_small_tiles(uint16_t* row, int64_t groups) {
+  for (int64_t g = groups / kTileGroups * kTileGroups; g < groups; g += kSmallGroups) {
+    uint16_t* tile = row + g * kGroup;
+    uint16_t moved[kSmallGroups * kGroup];
+    for (int v = 0; v < 4; ++v)
+      for (int t = 0; t < 4; ++t) std::memcpy(moved + (4 * t + v) * 8, tile + (4 * v + t) * 8, 16);
+    std::memcpy(tile, moved, sizeof(moved));
   }
 }
 
@@ -464,39 +478,26 @@ void dot_tiles(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t
 }
 
 #if RADIXSERVE_INT4_BF16
-// One tile of G groups (a compile-time 16 or 4: a full tile's loads are whole, its addresses
-// constant offsets) into the rows' accumulators.
-template <int M, int R, int G>
+// One full tile (16 groups, 4 blocks) into the rows' accumulators.
+template <int M, int R>
 inline void tile_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j, int64_t group0, const Activations& a,
                       __m512 (&acc)[R][M]) {
   const int64_t k = a.k;
   const __m512i nibble = _mm512_set1_epi16(0x000F), base = _mm512_set1_epi16(0x4300);
-  // a small tile's unused words load as 0 (code 128), against activations loaded as 0
-  constexpr __mmask32 words_in = words_mask(G);
-  const Tile tile{group0, G};
+  const Tile tile{group0, kTileGroups};
   __m512 tacc[R][M];
   zero(tacc);
   RADIXSERVE_UNROLL
   for (int v = 0; v < 4; ++v) {
     __m512i words[R];
     RADIXSERVE_UNROLL
-    for (int r = 0; r < R; ++r) {
-      if constexpr (G == kTileGroups)
-        words[r] = _mm512_loadu_si512(block_at(w, k, j + r, group0 / 4 + v));
-      else
-        words[r] = _mm512_maskz_loadu_epi16(words_in, register_at(w, k, j + r, tile, v));
-    }
+    for (int r = 0; r < R; ++r) words[r] = _mm512_loadu_si512(block_at(w, k, j + r, group0 / 4 + v));
     RADIXSERVE_UNROLL
     for (int t = 0; t < 4; ++t) {
-      const int64_t at = group0 * kGroup + (4 * v + t) * 2 * G;
+      const int64_t at = group0 * kGroup + (4 * v + t) * 2 * kTileGroups;
       __m512bh xs[M];
       RADIXSERVE_UNROLL
-      for (int m = 0; m < M; ++m) {
-        if constexpr (G == kTileGroups)
-          xs[m] = (__m512bh)_mm512_loadu_si512(a.bf16.data() + m * k + at);
-        else
-          xs[m] = (__m512bh)_mm512_maskz_loadu_epi16(words_in, a.bf16.data() + m * k + at);
-      }
+      for (int m = 0; m < M; ++m) xs[m] = (__m512bh)_mm512_loadu_si512(a.bf16.data() + m * k + at);
       RADIXSERVE_UNROLL
       for (int r = 0; r < R; ++r) {
         const __m512bh codes =
@@ -507,6 +508,43 @@ inline void tile_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j, 
     }
   }
   scale_tile<M, R>(tacc, c, a.groups, tile, acc);
+}
+
+// A small tile (4 groups, one 64-byte block) in one register: its four 16-byte "registers" side by
+// side, so lane 4v + l holds group l's codes 2i, 2i + 1 (i = 4v + t) in nibble t, and four dot
+// products (one a nibble, each against the activations bf16_small_tiles put in that order) sum it,
+// where tile_bf16<4> took sixteen at a quarter of the lanes (a 768-wide row, the 30B-A3B shape's
+// expert down projections: 1 full tile and 2 small ones, the small ones two thirds of the time).
+// Lane 4v + l ends with 8 of group l's codes; the groups' scales, repeated in each quarter, weigh
+// them.
+template <int M, int R>
+inline void small_tile_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j, int64_t group0,
+                            const Activations& a, __m512 (&acc)[R][M]) {
+  const int64_t k = a.k;
+  const __m512i nibble = _mm512_set1_epi16(0x000F), base = _mm512_set1_epi16(0x4300);
+  __m512 tacc[R][M];
+  zero(tacc);
+  __m512i words[R];
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r) words[r] = _mm512_loadu_si512(block_at(w, k, j + r, group0 / 4));
+  RADIXSERVE_UNROLL
+  for (int t = 0; t < 4; ++t) {
+    __m512bh xs[M];
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m) xs[m] = (__m512bh)_mm512_loadu_si512(a.bf16.data() + m * k + group0 * kGroup + t * 32);
+    RADIXSERVE_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const __m512bh codes = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(words[r], 4 * t), nibble, base, 0xEA);
+      RADIXSERVE_UNROLL
+      for (int m = 0; m < M; ++m) tacc[r][m] = _mm512_dpbf16_ps(tacc[r][m], codes, xs[m]);
+    }
+  }
+  RADIXSERVE_UNROLL
+  for (int r = 0; r < R; ++r) {
+    const __m512 sv = _mm512_broadcast_f32x4(_mm_loadu_ps(c.scale.data() + r * a.groups + group0));
+    RADIXSERVE_UNROLL
+    for (int m = 0; m < M; ++m) acc[r][m] = _mm512_fmadd_ps(tacc[r][m], sv, acc[r][m]);
+  }
 }
 
 // The same with bf16 activations and the CPU's bf16 dot products: 0x4300 | q is bf16 128 + q, and
@@ -520,9 +558,9 @@ void dot_tiles_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, in
   c.start(acc);
   for (int64_t ti = 0; ti < full; ++ti) {
     if constexpr (Prefetch) radixserve::prefetch_ahead<4 * R>(block_at(w, k, j, ti * kTileGroups / 4));
-    tile_bf16<M, R, kTileGroups>(w, c, j, ti * kTileGroups, a, acc);
+    tile_bf16<M, R>(w, c, j, ti * kTileGroups, a, acc);
   }
-  for (int64_t g = full * kTileGroups; g < groups; g += kSmallGroups) tile_bf16<M, R, kSmallGroups>(w, c, j, g, a, acc);
+  for (int64_t g = full * kTileGroups; g < groups; g += kSmallGroups) small_tile_bf16<M, R>(w, c, j, g, a, acc);
   finish<M, R>(acc, n, j, out);
 }
 #endif
@@ -865,6 +903,7 @@ Activations prepare(const at::Tensor& x, bool bf16, bool int16_activations) {
           a.sums[m * a.groups + g] = _mm512_reduce_add_ps(_mm512_add_ps(even, odd));
         }
         to_tile_order(row, a.groups, a.bf16.data() + m * k);
+        bf16_small_tiles(a.bf16.data() + m * k, a.groups);
       }
       return;
     }
@@ -880,6 +919,8 @@ Activations prepare(const at::Tensor& x, bool bf16, bool int16_activations) {
         else
           a.paired[m * k + paired_at(a.groups, g, c)] = static_cast<float>(v);
       }
+    if (bf16)
+      for (int64_t m = 0; m < rows; ++m) bf16_small_tiles(a.bf16.data() + m * k, a.groups);
   });
   return a;
 }
