@@ -9,6 +9,7 @@ resolved to (runtime/cpu/precision.py) and on `--quantization`:
   file's codes when it was loaded (block_linear.py, block_weights.py), output layer included;
 - fp32 with bf16 weight copies for few rows, on CPUs without bf16 units (dual_linear.py);
 - otherwise oneDNN-packed layers (packed_linear.py), where the copies fit in RAM.
+A mixture's routers in bf16 get float32 copies (routers.py), whatever the rest.
 The output layer gets the matching ways over prepared weights and times them per batch size.
 """
 
@@ -29,6 +30,7 @@ from runtime.cpu.kernel_linear import Kernel, copies_fit, linear_kernel, packing
 from runtime.cpu.output_layer import TimedOutputLayer
 from runtime.cpu.packed_linear import pack_linears
 from runtime.cpu.precision import Precision
+from runtime.cpu.routers import float_routers
 from runtime.layers.output_layer import OutputLayer
 from runtime.exec.device import host_available_bytes
 from runtime.loading.gguf_groups import Int4Groups
@@ -95,6 +97,7 @@ def prepare(model: nn.Module, precision: Precision, quantization: str | None,
     shipped. Under gguf the model was built over the file's codes at load (runtime/cpu/block_linear.py)
     and only the layers the file ships unquantized are left here."""
     weight, dtype = model.output_weight, precision.dtype
+    float_routers(model)  # a mixture's routers: float32 sums from a copy (routers.py)
     ways: dict[str, Kernel] = {}
     packed = packing_supported(dtype) and copies_fit(model, host_available_bytes())
     if not isinstance(weight, torch.Tensor):  # the output layer too is served from the file's codes
