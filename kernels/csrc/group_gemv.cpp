@@ -93,12 +93,13 @@ void dot_rows(const int8_t* w, const radixserve::GroupScales& scales, int64_t n,
     scales.expand(j, 1, row_scales.data());
 #if RADIXSERVE_GROUP_SIMD == 512
     // A accumulators a row, taking the groups in turn: one would make every group wait on the
-    // last one's multiply-add (4 cycles for 16 weights). Activation rows go two at a time over the
-    // weight row (in the first-level cache after the first two), each row summed in the same order
-    // alone or in a batch: A chosen by the call's count (4 at one or two rows, 2 past) gave bf16
-    // results a bit apart in 69 of 300 random batches of 8, as AVX2's loop did before it.
+    // last one's multiply-add (4 cycles for 16 weights). Activation rows go up to four at a time
+    // over the weight row (in the first-level cache after the first pass), each row summed in the
+    // same order alone or in a batch: A chosen by the call's count (4 at one or two rows, 2 past)
+    // gave bf16 results a bit apart in 69 of 300 random batches of 8, as AVX2's loop did before it.
+    // (Two rows a pass cost 8-row calls up to 40%; four hold 16 accumulators and 4 partial sums.)
     const auto rows_of = [&](auto count, int64_t m0) {
-      constexpr int P = decltype(count)::value;  // activation rows m0.. (1 or 2)
+      constexpr int P = decltype(count)::value;  // activation rows m0.. (1 to 4)
       constexpr int A = 4;
       const float* xp = x + m0 * k;
       __m512 acc[A][P];
@@ -136,8 +137,10 @@ void dot_rows(const int8_t* w, const radixserve::GroupScales& scales, int64_t n,
       }
     };
     int64_t m0 = 0;
-    for (; m0 + 2 <= M; m0 += 2) rows_of(std::integral_constant<int, 2>{}, m0);
-    if (m0 < M) rows_of(std::integral_constant<int, 1>{}, m0);
+    for (; m0 + 4 <= M; m0 += 4) rows_of(std::integral_constant<int, 4>{}, m0);
+    if (M - m0 == 3) rows_of(std::integral_constant<int, 3>{}, m0);
+    else if (M - m0 == 2) rows_of(std::integral_constant<int, 2>{}, m0);
+    else if (M - m0 == 1) rows_of(std::integral_constant<int, 1>{}, m0);
 #elif RADIXSERVE_GROUP_SIMD == 256
     // As above, in AVX2's 16 registers: A groups in flight and a group's products in two chains
     // (even and odd vectors of 8). One chain a row waited 4 cycles on each multiply-add: the
