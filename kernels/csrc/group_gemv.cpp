@@ -58,24 +58,31 @@ constexpr int64_t kMaxRows = 8;  // rows read with one pass over the weights (wi
 constexpr int64_t kBlockBytes = int64_t{64} << 10;  // weights dot_rows16 takes a block at a time
 
 #if defined(__AVX2__) && defined(__FMA__)
+// A vector's lanes summed: AVX2's in vector_sum.h's fixed order, AVX-512's by its own reduction.
+inline float lanes_sum(__m256 v) { return radixserve::reduce_add(v); }
+#if RADIXSERVE_GROUP_SIMD == 512
+inline float lanes_sum(__m512 v) { return _mm512_reduce_add_ps(v); }
+#endif
+
 // A weight row's groups in turn, A at a time into A accumulators (one_group(g, acc[a])), the
-// weights prefetched ahead; then each activation row's accumulators summed into out[m * n].
-template <int M, int A, typename OneGroup, typename O>
-inline void groups_in_turn(const int8_t* wj, int64_t groups, int64_t group, __m256 (&acc)[A][M], OneGroup&& one_group,
+// weights prefetched `Lines` cache lines ahead; then each activation row's accumulators summed
+// into out[m * n]. V: __m256 (AVX2's loops) or __m512 (AVX-512's).
+template <int M, int A, int Lines, typename V, typename OneGroup, typename O>
+inline void groups_in_turn(const int8_t* wj, int64_t groups, int64_t group, V (&acc)[A][M], OneGroup&& one_group,
                            O* out, int64_t n) {
   int64_t g = 0;
   for (; g + A <= groups; g += A) {
-    radixserve::prefetch_ahead<A * 32 / 64 + 1>(reinterpret_cast<const uint8_t*>(wj + g * group));
+    radixserve::prefetch_ahead<Lines>(reinterpret_cast<const uint8_t*>(wj + g * group));
     RADIXSERVE_GROUP_UNROLL
     for (int a = 0; a < A; ++a) one_group(g + a, acc[a]);
   }
   for (; g < groups; ++g) one_group(g, acc[0]);
   RADIXSERVE_GROUP_UNROLL
   for (int m = 0; m < M; ++m) {
-    __m256 sum = acc[0][m];
+    V sum = acc[0][m];
     RADIXSERVE_GROUP_UNROLL
-    for (int a = 1; a < A; ++a) sum = _mm256_add_ps(sum, acc[a][m]);
-    out[m * n] = static_cast<O>(radixserve::reduce_add(sum));
+    for (int a = 1; a < A; ++a) sum = sum + acc[a][m];  // one vector add, either width
+    out[m * n] = static_cast<O>(lanes_sum(sum));
   }
 }
 #endif
@@ -121,20 +128,7 @@ void dot_rows(const int8_t* w, const radixserve::GroupScales& scales, int64_t n,
         RADIXSERVE_GROUP_UNROLL
         for (int m = 0; m < P; ++m) into[m] = _mm512_fmadd_ps(part[m], scale, into[m]);
       };
-      int64_t g = 0;
-      for (; g + A <= groups; g += A) {
-        radixserve::prefetch_ahead<2>(reinterpret_cast<const uint8_t*>(wj + g * group));  // A groups: 128 bytes at most
-        RADIXSERVE_GROUP_UNROLL
-        for (int a = 0; a < A; ++a) one_group(g + a, acc[a]);
-      }
-      for (; g < groups; ++g) one_group(g, acc[0]);
-      RADIXSERVE_GROUP_UNROLL
-      for (int m = 0; m < P; ++m) {
-        __m512 sum = acc[0][m];
-        RADIXSERVE_GROUP_UNROLL
-        for (int a = 1; a < A; ++a) sum = _mm512_add_ps(sum, acc[a][m]);
-        out[(m0 + m) * n + j] = static_cast<O>(_mm512_reduce_add_ps(sum));
-      }
+      groups_in_turn<P, A, 2>(wj, groups, group, acc, one_group, out + m0 * n + j, n);  // A groups: 128 bytes at most
     };
     int64_t m0 = 0;
     for (; m0 + 4 <= M; m0 += 4) rows_of(std::integral_constant<int, 4>{}, m0);
@@ -183,7 +177,7 @@ void dot_rows(const int8_t* w, const radixserve::GroupScales& scales, int64_t n,
         RADIXSERVE_GROUP_UNROLL
         for (int m = 0; m < P; ++m) into[m] = _mm256_fmadd_ps(_mm256_add_ps(even[m], odd[m]), scale, into[m]);
       };
-      groups_in_turn<P, A>(wj, groups, group, acc, one_group, out + m0 * n + j, n);
+      groups_in_turn<P, A, A * 32 / 64 + 1>(wj, groups, group, acc, one_group, out + m0 * n + j, n);
     };
     int64_t m0 = 0;
     for (; m0 + 2 <= M; m0 += 2) rows_of(std::integral_constant<int, 2>{}, m0);
@@ -236,7 +230,7 @@ inline void row16(const int8_t* wj, int64_t k, int64_t group, const int16_t* x16
     for (int m = 0; m < M; ++m)
       into[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m]), _mm256_broadcast_ss(both + m * groups + g), into[m]);
   };
-  groups_in_turn<M, A>(wj, groups, group, acc, one_group, out, n);
+  groups_in_turn<M, A, A * 32 / 64 + 1>(wj, groups, group, acc, one_group, out, n);
 #else
   for (int m = 0; m < M; ++m) {
     const int16_t* xm = x16 + m * k;

@@ -19,10 +19,12 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def float_routers(model: nn.Module) -> int:
-    """Give every router in bf16 or fp16 its float32 copy (Router.float_weight); returns how many."""
+    """Give every router in bf16 or fp16 its float32 copies (Router.float_weight, float_bias: made
+    once here, not each step); returns how many."""
     count = 0
     for module in model.modules():
         if isinstance(module, Router) and module.weight.dtype in LOW_PRECISION and module.weight.device.type == "cpu":
             module.float_weight = module.weight.detach().float()
+            module.float_bias = None if module.bias is None else module.bias.detach().float()
             count += 1
     return count

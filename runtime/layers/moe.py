@@ -99,20 +99,21 @@ def route_top_logits(logits: torch.Tensor, top_k: int) -> Routing:
 
 class Router(nn.Module):
     """A projection to `outputs` logits (the router, or Qwen2-MoE's shared-expert gate); bias-free
-    but where the family's router has one (gpt-oss). `float_weight`, where set (the CPU's
-    runtime/cpu/routers.py), is the weight in float32: the logits are then summed in float32 and
-    rounded once to the activations' dtype, as a bf16 product does, at the float32 kernel's speed."""
+    but where the family's router has one (gpt-oss). `float_weight` and `float_bias`, where set (the
+    CPU's runtime/cpu/routers.py), are the weight and bias in float32: the logits are then summed in
+    float32 and rounded once to the activations' dtype, as a bf16 product does, at the float32
+    kernel's speed."""
 
     def __init__(self, hidden_size: int, outputs: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(outputs, hidden_size))
         self.bias = nn.Parameter(torch.empty(outputs)) if bias else None
         self.float_weight: torch.Tensor | None = None
+        self.float_bias: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.float_weight is not None:
-            bias = None if self.bias is None else self.bias.float()
-            return F.linear(x.float(), self.float_weight, bias).to(x.dtype)
+            return F.linear(x.float(), self.float_weight, self.float_bias).to(x.dtype)
         return F.linear(x, self.weight, self.bias)
 
 

@@ -29,6 +29,7 @@ def test_the_logits_are_float32_sums_rounded_once() -> None:
         x = torch.randn(5, 2048, generator=torch.Generator().manual_seed(2)).bfloat16()
         bf16 = r(x)
         assert float_routers(r) == 1 and r.float_weight is not None and r.float_weight.dtype == torch.float32
+        assert (r.float_bias is None) == (r.bias is None)
         fast = r(x)
         assert fast.dtype == torch.bfloat16
         exact = F.linear(x.double(), r.weight.double(), None if r.bias is None else r.bias.double())
