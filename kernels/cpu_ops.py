@@ -5,8 +5,8 @@ products; group_scales.cpp: a GGUF's float32 group scales factored into a byte a
 gguf_blocks.cpp: a GGUF's quantized blocks decoded into the layouts those kernels read;
 q6_gemv.cpp: few-row products with 6-bit codes and bf16 activations; int4_q8_gemv.cpp and
 group_q8_gemv.cpp: few-row products of 4-bit (Q4_K) and 6-bit (Q6_K) k-quant codes with int8
-activations; weight_prefetch.cpp: the line past which those kernels prefetch their weights), once
-per machine.
+activations; weight_prefetch.cpp: the line past which those kernels prefetch their weights;
+int4_amx.cpp: products of a few bf16 rows with 4-bit weights in AMX's tile unit), once per machine.
 
 The files are compiled into one library with the machine's own compiler for its own cores
 (`-march=native`) by torch's C++ extension builder, into `~/.cache/radixserve/cpu-ops/<key>`
@@ -36,7 +36,8 @@ logger = logging.getLogger(__name__)
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("cpu_ops.cpp", "group_gemv.cpp", "int4_gemv.cpp",
                                                                          "group_dequant.cpp", "group_scales.cpp",
                                                                          "gguf_blocks.cpp", "q6_gemv.cpp", "int4_q8_gemv.cpp",
-                                                                         "group_q8_gemv.cpp", "weight_prefetch.cpp"))
+                                                                         "group_q8_gemv.cpp", "weight_prefetch.cpp",
+                                                                         "int4_amx.cpp"))
 HEADERS = tuple(Path(__file__).with_name("csrc") / name for name in ("row_count.h", "group_scales.h", "weight_store.h",
                                                                         "weight_prefetch.h", "int4_blocks.h", "activations16.h",
                                                                         "activations8.h", "vector_sum.h", "int16_panel.h",

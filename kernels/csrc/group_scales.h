@@ -64,6 +64,19 @@ struct GroupScales {
     return s;
   }
 
+  // Groups [g0, g0 + width) of one row as float32 into dst [width] (the numbers expand gives).
+  void expand_part(int64_t row, int64_t g0, int64_t width, float* dst) const {
+    const int64_t at = row * groups + g0;
+    for (int64_t g = 0; g < width; ++g) {
+      if (type == at::kFloat)
+        dst[g] = static_cast<const float*>(values)[at + g];
+      else if (type == at::kHalf)
+        dst[g] = static_cast<float>(static_cast<const c10::Half*>(values)[at + g]);
+      else
+        dst[g] = steps[(at + g) / span] * static_cast<float>(static_cast<const int8_t*>(values)[at + g]);
+    }
+  }
+
   // Rows [row, row + count) as float32 into dst [count * groups].
   void expand(int64_t row, int64_t count, float* dst) const {
     const int64_t total = count * groups;

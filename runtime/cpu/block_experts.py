@@ -138,16 +138,20 @@ def projection(x: torch.Tensor, sizes: list[int], ids: list[int], layers: list[B
     experts, with forward_loop's bits: where `parts` are one-call weights, every expert whose rows
     the loop would give the few-row kernels (block_linear.few_serves) in one call, its rows in
     pieces of one kernel call's rows as few_product cuts them; the others (a wide product: more
-    rows than the kernels serve) expert by expert, as the loop does."""
+    rows than the kernels serve, or a product the tile unit takes: Int4Blocks.tiles_serve) expert
+    by expert, as the loop does."""
     if parts is None:
         return torch.cat([layers[e](chunk) for e, chunk in zip(ids, x.split(sizes), strict=True)])
     first = parts[0]
     if getattr(first, "int8_activations", False):  # the int8 panel loops take any rows
         return experts_product(x, sizes, [parts[e] for e in ids])
     step = getattr(first, "rows_a_call", FEW_ROWS)
-    if max(sizes) <= step:  # a decode step of a few rows: the common case, no pieces
+    tiles = getattr(first, "tiles_serve", None)  # an expert whose rows the tile unit takes whole (AMX)
+    alone = [tiles is not None and tiles(x[:n]) for n in sizes]
+    if max(sizes) <= step and not any(alone):  # a decode step of a few rows: the common case, no pieces
         return experts_product(x, sizes, [parts[e] for e in ids])
-    few = [few_serves(first, n) for n in sizes]  # the experts of a projection share kind, shape and flags
+    # the experts of a projection share kind, shape and flags
+    few = [few_serves(first, n) and not tile for n, tile in zip(sizes, alone, strict=True)]
     chunks = x.split(sizes)
     counts: list[int] = []
     weights: list = []

@@ -44,7 +44,7 @@ Groups = Int4Groups | PackedInt4Groups | Int8Groups
 
 def few_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
     step = getattr(weight, "rows_a_call", FEW_ROWS)
-    if x.shape[0] <= step:
+    if x.shape[0] <= step or getattr(weight, "tiles_serve", lambda _: False)(x):  # AMX: a call whole (Int4Blocks)
         return weight.few(x)
     return torch.cat([weight.few(part) for part in x.split(step)])
 

@@ -60,12 +60,24 @@ PANEL_ROWS = 256
 # dequantized slices through torch's float32 GEMM or the int16 panel. So a prompt's products take
 # them whole.
 Q8_PANEL_ROWS = 1 << 30
+# On CPUs with AMX, a batch of decode rows with bf16 activations takes the tile unit
+# (kernels/csrc/int4_amx.cpp): the 4-bit weights dequantized once to bf16 for all of a call's
+# rows, where the exact loops pay a dot product a row. From TILE_FROM rows up to TILE_ROWS a call.
+TILE_FROM = 8
+TILE_ROWS = 16
 
 
 @functools.cache
 def has_panel_loop() -> bool:
     built = ops()
     return built is not None and bool(built.group_gemv_panel_rows())  # type: ignore[attr-defined]
+
+
+@functools.cache
+def has_tile_unit() -> bool:
+    """Whether int4_amx runs here (built with AMX, the tile registers granted by the kernel)."""
+    built = ops()
+    return built is not None and bool(built.int4_amx_fast())  # type: ignore[attr-defined]
 
 
 @functools.cache
@@ -307,9 +319,18 @@ class Int4Blocks(KernelRows):
         built = ops()
         return built is not None and bool(built.int4_gemv_fast()) and shape[1] % ONE_ROW_BLOCK == 0 and shape[0] % 4 == 0
 
+    def tiles_serve(self, x: torch.Tensor) -> bool:
+        """Whether the tile unit (int4_amx) takes x whole: bf16 activations, exact (not rounded to
+        int8 or int16), TILE_FROM to TILE_ROWS rows, on a CPU with AMX. block_linear.few_product
+        then passes x in one call, past rows_a_call (the loops' FEW_ROWS)."""
+        return (x.dtype == torch.bfloat16 and TILE_FROM <= x.shape[0] <= TILE_ROWS and not self.int8_activations
+                and not rounds_to_int16(self) and has_tile_unit())
+
     def few(self, x: torch.Tensor) -> torch.Tensor:
         if self.int8_activations:
             return ops().int4_gemv_q8(x, self.packed, self.scales, self.scale_steps, self.lows, self.low_steps)  # type: ignore[union-attr]
+        if self.tiles_serve(x):
+            return ops().int4_amx(x, self.packed, self.scales, self.lows, self.scale_steps, self.low_steps)  # type: ignore[union-attr]
         return ops().int4_gemv(x, self.packed, self.scales, self.lows, self.scale_steps, self.low_steps,  # type: ignore[union-attr]
                                rounds_to_int16(self))
 

@@ -15,7 +15,8 @@ import torch
 from kernels.cpu_ops import ops
 from runtime.cpu.block_experts import BlockExperts, experts_product, one_call_weights
 from runtime.cpu.block_linear import BlockLinear
-from runtime.cpu.block_weights import FEW_ROWS, Int4Blocks, Int8Blocks, Q6Blocks
+from runtime.cpu.block_weights import (FEW_ROWS, TILE_FROM, TILE_ROWS, Int4Blocks, Int8Blocks, Q6Blocks, has_tile_unit,
+                                        rounds_to_int16)
 from runtime.layers.moe import Routing, StackedExperts
 from runtime.loading.gguf_groups import Int4Groups
 from runtime.loading.gguf_int8_groups import Int8Groups
@@ -81,12 +82,17 @@ def test_the_kernel_is_int4_gemv_per_expert(dtype: torch.dtype, int16: bool) -> 
     x = torch.randn(sum(counts), HIDDEN).to(dtype)
     out = experts_product(x, counts, parts)
     for p, rows, got in zip(parts, x.split(counts), out.split(counts), strict=True):
-        assert torch.equal(got, p.few(rows))
+        assert torch.equal(got, loops(p, rows))
     q, scales, lows = q4k(2 * INTER, HIDDEN)  # float16 scales and lows (Q4_0's): no steps
     plain = [Int4Blocks(Int4Groups(q.to(torch.uint8), scales.half().float(), lows.half().float())) for _ in range(2)]
     assert plain[0].scale_steps is None and one_call_weights([BlockLinear([p], None) for p in plain]) == plain
     out = experts_product(x[:4], [1, 3], plain)
     assert torch.equal(out[:1], plain[0].few(x[:1])) and torch.equal(out[1:], plain[1].few(x[1:4]))
+
+
+def loops(p: Int4Blocks, rows: torch.Tensor) -> torch.Tensor:
+    """int4_gemv's product (Int4Blocks.few's, but where the tile unit would take the rows)."""
+    return ops().int4_gemv(rows, p.packed, p.scales, p.lows, p.scale_steps, p.low_steps, rounds_to_int16(p))
 
 
 def test_the_six_bit_kernel_is_q6_gemv_per_expert() -> None:
@@ -148,7 +154,8 @@ def test_bad_input_is_refused() -> None:
 def test_an_expert_with_more_rows_than_a_call_goes_in_pieces(sizes: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     """Past one call's rows, an expert's rows go into the same call in pieces of FEW_ROWS (the
     loop's few_product cuts); past the 16 rows the float loop serves (kernel_rows), its wide
-    product alone: either way the loop's bits, in as few kernel calls as that takes."""
+    product alone, and so where the tile unit takes them (AMX: TILE_FROM to TILE_ROWS bf16 rows):
+    either way the loop's bits, in as few kernel calls as that takes."""
     from runtime.cpu import block_experts
     from runtime.cpu.block_experts import projection
 
@@ -164,6 +171,7 @@ def test_an_expert_with_more_rows_than_a_call_goes_in_pieces(sizes: list[int], m
     out = projection(x, sizes, ids, moe.gate_up, calls[0])
     loop = torch.cat([moe.gate_up[e](chunk) for e, chunk in zip(ids, x.split(sizes), strict=True)])
     assert torch.equal(out, loop)
-    served = [n for n in sizes if n <= Int4Blocks.kernel_rows]
+    tiles = has_tile_unit()
+    served = [n for n in sizes if n <= Int4Blocks.kernel_rows and not (tiles and TILE_FROM <= n <= TILE_ROWS)]
     assert counted == ([[p for n in served for p in [FEW_ROWS] * (n // FEW_ROWS) + [n % FEW_ROWS] * (n % FEW_ROWS > 0)]]
                        if served else [])
