@@ -6,7 +6,8 @@ gguf_blocks.cpp: a GGUF's quantized blocks decoded into the layouts those kernel
 q6_gemv.cpp: few-row products with 6-bit codes and bf16 activations; int4_q8_gemv.cpp and
 group_q8_gemv.cpp: few-row products of 4-bit (Q4_K) and 6-bit (Q6_K) k-quant codes with int8
 activations; weight_prefetch.cpp: the line past which those kernels prefetch their weights;
-int4_amx.cpp: products of a few bf16 rows with 4-bit weights in AMX's tile unit), once per machine.
+int4_amx.cpp and q6_amx.cpp: products of a few bf16 rows with 4- and 6-bit weights in AMX's tile
+unit, tile_unit.h), once per machine.
 
 The files are compiled into one library with the machine's own compiler for its own cores
 (`-march=native`) by torch's C++ extension builder, into `~/.cache/radixserve/cpu-ops/<key>`
@@ -37,12 +38,12 @@ SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("cpu_ops.cp
                                                                          "group_dequant.cpp", "group_scales.cpp",
                                                                          "gguf_blocks.cpp", "q6_gemv.cpp", "int4_q8_gemv.cpp",
                                                                          "group_q8_gemv.cpp", "weight_prefetch.cpp",
-                                                                         "int4_amx.cpp"))
+                                                                         "int4_amx.cpp", "q6_amx.cpp"))
 HEADERS = tuple(Path(__file__).with_name("csrc") / name for name in ("row_count.h", "group_scales.h", "weight_store.h",
                                                                         "weight_prefetch.h", "int4_blocks.h", "activations16.h",
                                                                         "activations8.h", "vector_sum.h", "int16_panel.h",
                                                                         "q8_panel.h", "six_bit_codes.h",
-                                                                        "expert_rows.h"))  # included by the sources: part of the key
+                                                                        "expert_rows.h", "tile_unit.h"))  # included by the sources: part of the key
 NAME = "radixserve_cpu"
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the activation dtypes the kernels are built for
 

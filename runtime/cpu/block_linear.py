@@ -44,7 +44,7 @@ Groups = Int4Groups | PackedInt4Groups | Int8Groups
 
 def few_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
     step = getattr(weight, "rows_a_call", FEW_ROWS)
-    if x.shape[0] <= step or getattr(weight, "tiles_serve", lambda _: False)(x):  # AMX: a call whole (Int4Blocks)
+    if x.shape[0] <= step:
         return weight.few(x)
     return torch.cat([weight.few(part) for part in x.split(step)])
 
@@ -76,7 +76,16 @@ def few_serves(weight: BlockWeight, rows: int) -> bool:
     return getattr(weight, "wide_copy", None) is None and rows <= getattr(weight, "kernel_rows", WIDE_ROWS)
 
 
+def tiles_take(weight: BlockWeight, x: torch.Tensor) -> bool:
+    """Whether AMX's tile unit takes x whole (Int4Blocks' and Q6Blocks' tiles_serve: a decode
+    batch of bf16 rows), ahead of the loops and the dequantized slices; not where a small model's
+    packed copy serves wide products (oneDNN's own AMX path over bf16 weights)."""
+    return getattr(weight, "wide_copy", None) is None and getattr(weight, "tiles_serve", lambda _: False)(x)
+
+
 def block_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
+    if tiles_take(weight, x):
+        return weight.few(x)
     if few_serves(weight, x.shape[0]):
         return few_product(weight, x)
     wide = getattr(weight, "wide_copy", None)

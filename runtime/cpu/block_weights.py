@@ -61,9 +61,11 @@ PANEL_ROWS = 256
 # them whole.
 Q8_PANEL_ROWS = 1 << 30
 # On CPUs with AMX, a batch of decode rows with bf16 activations takes the tile unit
-# (kernels/csrc/int4_amx.cpp): the 4-bit weights dequantized once to bf16 for all of a call's
-# rows, where the exact loops pay a dot product a row. From TILE_FROM rows up to TILE_ROWS a call.
-TILE_FROM = 8
+# (kernels/csrc/tile_unit.h: int4_amx.cpp, q6_amx.cpp): 4- and 6-bit weights decoded once to bf16
+# for all of a call's rows, where the exact loops pay a dot product a row. From TILE_FROM rows up
+# to TILE_ROWS a call: past the loops' one pass (at 8 rows the two were even served, 1.5B, 8
+# streams: 32.2 against 31.5 tok/s, and the loops' numbers are exact products of the codes).
+TILE_FROM = 9
 TILE_ROWS = 16
 
 
@@ -254,7 +256,14 @@ class Q6Blocks:
         low, high = torch.aminmax(groups.codes)
         return int(low) >= -32 and int(high) <= 31
 
+    def tiles_serve(self, x: torch.Tensor) -> bool:
+        """Whether the tile unit (q6_amx) takes x whole: bf16, TILE_FROM to TILE_ROWS rows, on a
+        CPU with AMX (block_linear.tiles_take)."""
+        return x.dtype == torch.bfloat16 and TILE_FROM <= x.shape[0] <= TILE_ROWS and has_tile_unit()
+
     def few(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tiles_serve(x):
+            return ops().q6_amx(x, self.packed, self.scales, self.group, self.steps)  # type: ignore[union-attr]
         return ops().q6_gemv(x.to(torch.bfloat16), self.packed, self.scales, self.group, self.steps).to(x.dtype)  # type: ignore[union-attr]
 
     def dequantize(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
@@ -321,8 +330,8 @@ class Int4Blocks(KernelRows):
 
     def tiles_serve(self, x: torch.Tensor) -> bool:
         """Whether the tile unit (int4_amx) takes x whole: bf16 activations, exact (not rounded to
-        int8 or int16), TILE_FROM to TILE_ROWS rows, on a CPU with AMX. block_linear.few_product
-        then passes x in one call, past rows_a_call (the loops' FEW_ROWS)."""
+        int8 or int16), TILE_FROM to TILE_ROWS rows, on a CPU with AMX (block_linear.tiles_take:
+        past rows_a_call, the loops' FEW_ROWS, in one call)."""
         return (x.dtype == torch.bfloat16 and TILE_FROM <= x.shape[0] <= TILE_ROWS and not self.int8_activations
                 and not rounds_to_int16(self) and has_tile_unit())
 

@@ -1,12 +1,13 @@
-"""The tile-unit int4 kernel (kernels/csrc/int4_amx.cpp) and the layers that take it
-(runtime/cpu/block_weights.py's Int4Blocks past TILE_FROM rows of bf16 activations).
+"""The tile-unit kernels (kernels/csrc/tile_unit.h: int4_amx.cpp, q6_amx.cpp) and the layers that
+take them (runtime/cpu/block_weights.py's Int4Blocks and Q6Blocks from TILE_FROM rows of bf16
+activations, block_linear.tiles_take).
 
 Run where the kernel runs (a CPU with AMX, built natively); skipped elsewhere, and the layer test
 checks there that nothing takes it. Checked against the product of the weights rounded to bf16
 (what the kernel multiplies) summed in float64, within the rounding of float32 sums and of the
-bf16 result; for every scale form (float16, float32, int8 codes with their steps), rows 1-16, N
-not a multiple of 16 and K with full and small tiles; a row's result is the same alone as in a
-batch; bad input is refused with a message.
+bf16 result; for every scale form (float16, float32, int8 codes with their steps; Q6_K's and Q5_0's
+groups), rows 1-16, N not a multiple of 16 and K with full and small tiles; a row's result is the
+same alone as in a batch; bad input is refused with a message.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import torch
 from kernels.cpu_ops import ops
 from runtime.cpu import block_weights
 from runtime.cpu.block_linear import block_product
-from runtime.cpu.block_weights import TILE_FROM, TILE_ROWS, Int4Blocks, has_tile_unit
+from runtime.cpu.block_weights import TILE_FROM, TILE_ROWS, Int4Blocks, Q6Blocks, has_tile_unit
 from runtime.loading.gguf_groups import Int4Groups
+from runtime.loading.gguf_int8_groups import Int8Groups
 
 pytestmark = pytest.mark.skipif(ops() is None, reason="the CPU kernels could not be built here")
 needs_tiles = pytest.mark.skipif(ops() is None or not has_tile_unit(), reason="no AMX tile unit here")
@@ -117,3 +119,56 @@ def test_layers_take_the_tile_unit_from_tile_from_rows_where_it_runs(rows: int, 
     calls.clear()
     block_product(weight, x.float())
     assert calls == []
+
+
+def six_bit_groups(n: int, k: int, group: int, seed: int = 0) -> Int8Groups:
+    """Q6_K's (groups of 16, int8 scale codes times a step a super-block) or Q5_0's (32, float16)."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(-32, 32, (n, k), dtype=torch.int8, generator=g)
+    if group == 16:
+        step = (torch.rand(n, (k + 255) // 256, generator=g) * 1e-3 + 1e-4).half().float().repeat_interleave(16, 1)[:, :k // 16]
+        scales = step * torch.randint(-127, 128, (n, k // 16), generator=g)
+    else:
+        scales = (torch.rand(n, k // 32, generator=g) * 0.01).half().float()
+    return Int8Groups(codes, scales)
+
+
+def six_bits_here() -> bool:
+    return ops() is not None and bool(ops().q6_gemv_fast())  # type: ignore[union-attr]
+
+
+@needs_tiles
+@pytest.mark.parametrize("group", [16, 32])
+@pytest.mark.parametrize("rows", [1, 8, 13, 16])
+# 640: a tile of K of four blocks and one of a block; 2304: four tiles and one of two blocks
+@pytest.mark.parametrize("k", [640, 2304])
+def test_the_six_bit_product_of_the_bf16_weights(group: int, rows: int, k: int) -> None:
+    if not six_bits_here():
+        pytest.skip("no six-bit layout here")
+    n = 52
+    groups6 = six_bit_groups(n, k, group, seed=rows)
+    weight = Q6Blocks(groups6)
+    # Q6_K's scales factor where K is whole super-blocks, else float32: either form read
+    assert weight.scales.dtype == (torch.float16 if group == 32 else torch.int8 if k % 256 == 0 else torch.float32)
+    w16 = groups6.dequantize().to(torch.bfloat16).double()
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    y = ops().q6_amx(x, weight.packed, weight.scales, weight.group, weight.steps)  # type: ignore[union-attr]
+    assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
+    exact = x.double() @ w16.t()
+    bound = exact.abs() * 2.0**-8 + (x.double().abs() @ w16.abs().t()) * 2.0**-12
+    assert ((y.double() - exact).abs() <= bound).all()
+    alone = ops().q6_amx(x[-1:], weight.packed, weight.scales, weight.group, weight.steps)  # type: ignore[union-attr]
+    assert torch.equal(alone[0], y[-1])
+    with pytest.raises(RuntimeError, match="K \\* 3 / 4"):
+        ops().q6_amx(x[:, :k - 128].contiguous(), weight.packed, weight.scales, weight.group, weight.steps)  # type: ignore[union-attr]
+
+
+@needs_tiles
+def test_layers_take_the_six_bit_kernel_from_tile_from_rows() -> None:
+    if not six_bits_here():
+        pytest.skip("no six-bit layout here")
+    weight = Q6Blocks(six_bit_groups(48, 512, 16))
+    for rows in (TILE_FROM - 1, TILE_FROM, TILE_ROWS, TILE_ROWS + 1):
+        x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+        tiles = ops().q6_amx(x[:TILE_ROWS], weight.packed, weight.scales, weight.group, weight.steps)  # type: ignore[union-attr]
+        assert torch.equal(block_product(weight, x), tiles) == (TILE_FROM <= rows <= TILE_ROWS)
