@@ -46,10 +46,7 @@ namespace radixserve::tiles {
 constexpr int64_t kBlockRows = 16;  // weight rows a tile product takes (and activation rows, at most)
 constexpr int64_t kChunk = 32;      // codes a chunk (a row of A)
 constexpr int64_t kTileChunks = 16;  // chunks a tile of K has, at most
-#ifndef GROUP_BLOCKS
-#define GROUP_BLOCKS 32
-#endif
-constexpr int64_t kGroupBlocks = GROUP_BLOCKS;  // blocks of weight rows taken tile by tile together (their sums: 32 KB at 16 rows)
+constexpr int64_t kGroupBlocks = 32;  // blocks of weight rows taken tile by tile together (their sums: 32 KB at 16 rows)
 
 // A tile of K: its first code and how many chunks it has.
 struct KTile {
