@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TESTS = ["tests/kernels/test_int4_gemv.py", "tests/kernels/test_group_scales.py", "tests/kernels/test_int4_q8_gemv.py",
          "tests/kernels/test_group_q8_gemv.py",
          "tests/kernels/test_group_gemv.py", "tests/runtime/cpu/test_block_weights.py",
-         "tests/runtime/cpu/test_block_experts_one_call.py"]
+         "tests/runtime/cpu/test_block_experts_one_call.py", "tests/kernels/test_tile_unit.py"]
 # -march name, the /proc/cpuinfo flags it needs to run here
 KINDS = {"x86-64-v3": {"avx2", "fma", "bmi2"},
          "skylake-avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"},
