@@ -1,4 +1,4 @@
-// Products of a few bf16 activation rows (a batch of decode streams: 8 to 16) with 4-bit group
+// Products of a few bf16 activation rows (a batch of decode streams: TILE_FROM = 9 to 16 rows) with 4-bit group
 // weights in int4_blocks.h's layout, in AMX's tile unit (tile_unit.h: why, and the loop).
 //
 // A chunk: register v of a tile (int4_blocks.h) shifted right by 4t and masked gives, in 32-bit

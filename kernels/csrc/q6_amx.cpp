@@ -1,4 +1,4 @@
-// Products of a few bf16 activation rows (a batch of decode streams: 8 to 16) with 6-bit group
+// Products of a few bf16 activation rows (a batch of decode streams: TILE_FROM = 9 to 16 rows) with 6-bit group
 // codes in q6_gemv.cpp's layout (a GGUF's Q6_K, Q5_0), in AMX's tile unit (tile_unit.h: why, and
 // the loop). A Q4_K_M file keeps its output layer and half its down projections in Q6_K: a third of
 // the 1.5B's weights.
