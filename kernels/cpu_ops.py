@@ -43,7 +43,7 @@ HEADERS = tuple(Path(__file__).with_name("csrc") / name for name in ("row_count.
                                                                         "weight_prefetch.h", "int4_blocks.h", "activations16.h",
                                                                         "activations8.h", "vector_sum.h", "int16_panel.h",
                                                                         "q8_panel.h", "six_bit_codes.h",
-                                                                        "expert_rows.h", "tile_unit.h"))  # included by the sources: part of the key
+                                                                        "expert_rows.h", "tile_unit.h", "q6_blocks.h"))  # included by the sources: part of the key
 NAME = "radixserve_cpu"
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # the activation dtypes the kernels are built for
 

@@ -130,11 +130,8 @@ void dot_rows(const int8_t* w, const radixserve::GroupScales& scales, int64_t n,
       };
       groups_in_turn<P, A, 2>(wj, groups, group, acc, one_group, out + m0 * n + j, n);  // A groups: 128 bytes at most
     };
-    int64_t m0 = 0;
-    for (; m0 + 4 <= M; m0 += 4) rows_of(std::integral_constant<int, 4>{}, m0);
-    if (M - m0 == 3) rows_of(std::integral_constant<int, 3>{}, m0);
-    else if (M - m0 == 2) rows_of(std::integral_constant<int, 2>{}, m0);
-    else if (M - m0 == 1) rows_of(std::integral_constant<int, 1>{}, m0);
+    for (int64_t m0 = 0; m0 < M; m0 += 4)
+      radixserve::with_row_count<4>(std::min<int64_t>(4, M - m0), [&](auto count) { rows_of(count, m0); });
 #elif RADIXSERVE_GROUP_SIMD == 256
     // As above, in AVX2's 16 registers: A groups in flight and a group's products in two chains
     // (even and odd vectors of 8). One chain a row waited 4 cycles on each multiply-add: the

@@ -64,26 +64,19 @@ struct GroupScales {
     return s;
   }
 
-  // Groups [g0, g0 + width) of one row as float32 into dst [width] (the numbers expand gives).
-  void expand_part(int64_t row, int64_t g0, int64_t width, float* dst) const {
-    const int64_t at = row * groups + g0;
-    for (int64_t g = 0; g < width; ++g) {
-      if (type == at::kFloat)
-        dst[g] = static_cast<const float*>(values)[at + g];
-      else if (type == at::kHalf)
-        dst[g] = static_cast<float>(static_cast<const c10::Half*>(values)[at + g]);
-      else
-        dst[g] = steps[(at + g) / span] * static_cast<float>(static_cast<const int8_t*>(values)[at + g]);
-    }
-  }
+  // Groups [g0, g0 + width) of one row as float32 into dst [width] (the numbers expand gives; the
+  // tile kernels take a tile's groups at a time).
+  void expand_part(int64_t row, int64_t g0, int64_t width, float* dst) const { expand_run(row * groups + g0, width, dst); }
 
   // Rows [row, row + count) as float32 into dst [count * groups].
-  void expand(int64_t row, int64_t count, float* dst) const {
-    const int64_t total = count * groups;
+  void expand(int64_t row, int64_t count, float* dst) const { expand_run(row * groups, count * groups, dst); }
+
+  // The `total` values from flat index `at` (rows one after another) as float32 into dst.
+  void expand_run(int64_t at, int64_t total, float* dst) const {
     if (type == at::kFloat) {
-      std::memcpy(dst, static_cast<const float*>(values) + row * groups, total * sizeof(float));
+      std::memcpy(dst, static_cast<const float*>(values) + at, total * sizeof(float));
     } else if (type == at::kHalf) {
-      const c10::Half* src = static_cast<const c10::Half*>(values) + row * groups;
+      const c10::Half* src = static_cast<const c10::Half*>(values) + at;
       int64_t i = 0;
 #if defined(__AVX512F__)
       for (; i + 16 <= total; i += 16)
@@ -94,9 +87,12 @@ struct GroupScales {
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
 #endif
       for (; i < total; ++i) dst[i] = static_cast<float>(src[i]);
+    } else if (at % span != 0 || total % span != 0) {  // part of a span (a small tile's groups)
+      const int8_t* codes = static_cast<const int8_t*>(values);
+      for (int64_t i = at; i < at + total; ++i) dst[i - at] = steps[i / span] * static_cast<float>(codes[i]);
     } else {
-      const int8_t* codes = static_cast<const int8_t*>(values) + row * groups;
-      const float* step = steps + row * (groups / span);  // spans never cross rows: one flat run
+      const int8_t* codes = static_cast<const int8_t*>(values) + at;
+      const float* step = steps + at / span;  // spans never cross rows: one flat run
       int64_t i = 0;
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
       // 16 codes a vector, their steps broadcast (span 16) or two of them (span 8): the scalar loop

@@ -1,5 +1,5 @@
 // Products of a few bf16 activation rows (a batch of decode streams: TILE_FROM = 9 to 16 rows) with 6-bit group
-// codes in q6_gemv.cpp's layout (a GGUF's Q6_K, Q5_0), in AMX's tile unit (tile_unit.h: why, and
+// codes in q6_blocks.h's layout (a GGUF's Q6_K, Q5_0), in AMX's tile unit (tile_unit.h: why, and
 // the loop). A Q4_K_M file keeps its output layer and half its down projections in Q6_K: a third of
 // the 1.5B's weights.
 //
@@ -14,26 +14,17 @@
 #include <cstdint>
 
 #include "group_scales.h"
+#include "q6_blocks.h"
 #include "tile_unit.h"
 
 namespace {
 
+using namespace radixserve::q6;  // the layout: kBlock, kBlockBytes, kQuad, block_at, code_at
 using radixserve::tiles::KTile;
 using radixserve::tiles::kBlockRows;
 using radixserve::tiles::kChunk;
 
-constexpr int64_t kBlock = 128;      // codes a block holds (q6_gemv.cpp)
-constexpr int64_t kBlockBytes = 96;  // 64 bytes of nibbles, 32 of crumbs
-constexpr int64_t kQuad = 4;         // weight rows whose blocks are interleaved
-constexpr int64_t kTileBlocks = 4;   // blocks a tile of K (16 chunks)
-
-// q6_gemv.cpp's: where weight row `row`'s block b starts (rows in quads, blocks interleaved).
-inline const uint8_t* block_at(const uint8_t* w, int64_t k, int64_t row, int64_t b) {
-  return w + ((row / kQuad) * kQuad * (k / kBlock) + b * kQuad + row % kQuad) * kBlockBytes;
-}
-
-// q6_gemv.cpp's: the code of a run that 16-bit lane p holds.
-constexpr int code_at(int p) { return ((p / 2) % 2) * 16 + 2 * (p / 4) + p % 2; }
+constexpr int64_t kTileBlocks = 4;  // blocks a tile of K (16 chunks)
 
 #if RADIXSERVE_TILE_UNIT
 struct Q6Format {
@@ -57,28 +48,13 @@ struct Q6Format {
     radixserve::tiles::prefetch_quads(rows, kQuad * kBlockBytes * blocks,
                                       [&](int64_t r) { return block_at(w, k, j + r, ti * kTileBlocks); });
   }
-  // Groups [g0, g0 + count) of row `row` as floats (GroupScales::expand's numbers): Q6_K's int8
-  // codes times their step (16 groups a step) 16 at a time, where expand_part took a division each.
-  void tile_scales(int64_t row, int64_t g0, int64_t count, float* s) const {
-    const int64_t at = row * scales.groups + g0;
-    if (scales.type == at::kChar && scales.span == 16 && g0 % 16 == 0 && count % 16 == 0) {
-      const int8_t* codes = static_cast<const int8_t*>(scales.values) + at;
-      for (int64_t g = 0; g < count; g += 16)
-        _mm512_store_ps(s + g, _mm512_mul_ps(_mm512_set1_ps(scales.steps[(at + g) / 16]),
-                                             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + g))))));
-      return;
-    }
-    scales.expand_part(row, g0, count, s);
-  }
-
   void dequantize(int64_t j, int64_t rows, int64_t ti, uint16_t* a) const {
     const int64_t blocks = tile(ti).chunks / 4, g0 = ti * kTileBlocks * kBlock / group;
     const __m512i nibble = _mm512_set1_epi16(0x000F), crumb = _mm512_set1_epi16(0x0030),
                   base = _mm512_set1_epi16(0x4300), high_half = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
     alignas(64) float s[kTileBlocks * kBlock / 16];
     for (int64_t r = 0; r < rows; ++r) {
-      tile_scales(j + r, g0, blocks * kBlock / group, s);
+      scales.expand_part(j + r, g0, blocks * kBlock / group, s);
       for (int64_t bi = 0; bi < blocks; ++bi) {
         const uint8_t* block = block_at(w, k, j + r, ti * kTileBlocks + bi);
         const __m512i words = _mm512_loadu_si512(block);

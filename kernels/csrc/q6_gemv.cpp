@@ -4,11 +4,8 @@
 // layer and half their down projections in Q6_K, a third of a 1B model's bytes.
 //
 // Weights: signed codes c in [-32, 31] with per-group scales (16 or 32 codes a group, in one of
-// group_scales.h's forms), w = scale * c. Stored as u = c + 32 (0..63), in blocks of 128 codes:
-// 32 16-bit words of low nibbles (word j: the j-th code of each run of 32, in nibbles 0..3), then
-// 32 bytes of high crumbs (byte j: the same codes' top two bits in bits 0-1, 2-3, 4-5, 6-7): 96
-// bytes a block; a run's codes in the order code_at gives. Rows come in quads, their blocks
-// interleaved (block_at).
+// group_scales.h's forms), w = scale * c, in q6_blocks.h's layout (u = c + 32 in blocks of 128
+// codes, rows in quads).
 //
 // The bf16 trick of int4_gemv.cpp: 0x4300 | u is the bf16 number 128 + u (u < 128), so a code is a
 // number with two shifts and two bitwise selects, and one dot-product instruction multiplies 32
@@ -27,6 +24,7 @@
 
 #include "expert_rows.h"
 #include "group_scales.h"
+#include "q6_blocks.h"
 #include "row_count.h"
 #include "weight_prefetch.h"
 #include "weight_store.h"
@@ -49,26 +47,12 @@
 
 namespace {
 
-constexpr int64_t kBlock = 128;       // codes a block holds
-constexpr int64_t kBlockBytes = 96;   // 64 bytes of nibbles, 32 of crumbs
+using namespace radixserve::q6;  // the layout: kBlock, kBlockBytes, kQuad, block_at, code_at
+
 constexpr int64_t kMaxRows = 8;
 constexpr float kOffset = 160.f;      // 128 (the bf16 trick) + 32 (the stored codes' bias)
 
-constexpr int64_t kQuad = 4;          // weight rows whose blocks are interleaved
-
-// Where weight row `row`'s block b starts: rows come in quads whose blocks are interleaved (block b
-// of rows 4i..4i+3, then block b + 1), so a pass over four rows reads one stream, as in
-// int4_gemv.cpp (four separate streams ran at half the memory speed).
-inline const uint8_t* block_at(const uint8_t* w, int64_t k, int64_t row, int64_t b) {
-  return w + ((row / kQuad) * kQuad * (k / kBlock) + b * kQuad + row % kQuad) * kBlockBytes;
-}
-
-// Within each run of 32 codes, vector position p holds code code_at(p): dot-product lane l = p / 2
-// takes codes from the first 16 (even l) or the last 16 (odd l), so a 16-code group's scale
-// vector is two floats broadcast in pairs (one instruction). The activations are reordered alike.
-constexpr int code_at(int p) { return ((p / 2) % 2) * 16 + 2 * (p / 4) + p % 2; }
-
-// codes int8 [N, K] in [-32, 31] -> the layout above, [N, K * 3 / 4] uint8.
+// codes int8 [N, K] in [-32, 31] -> q6_blocks.h's layout, [N, K * 3 / 4] uint8.
 at::Tensor repack_q6(const at::Tensor& codes) {
   TORCH_CHECK(codes.dim() == 2 && codes.is_contiguous() && codes.scalar_type() == at::kChar &&
                   codes.size(1) % kBlock == 0 && codes.size(0) % kQuad == 0,

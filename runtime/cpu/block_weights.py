@@ -77,9 +77,15 @@ def has_panel_loop() -> bool:
 
 @functools.cache
 def has_tile_unit() -> bool:
-    """Whether int4_amx runs here (built with AMX, the tile registers granted by the kernel)."""
+    """Whether the tile kernels (int4_amx, q6_amx) run here: built with AMX, the tile registers
+    granted by the kernel."""
     built = ops()
     return built is not None and bool(built.int4_amx_fast())  # type: ignore[attr-defined]
+
+
+def tile_batch(x: torch.Tensor) -> bool:
+    """Whether x is a batch the tile kernels take: bf16, TILE_FROM to TILE_ROWS rows, on a CPU with AMX."""
+    return x.dtype == torch.bfloat16 and TILE_FROM <= x.shape[0] <= TILE_ROWS and has_tile_unit()
 
 
 @functools.cache
@@ -259,7 +265,7 @@ class Q6Blocks:
     def tiles_serve(self, x: torch.Tensor) -> bool:
         """Whether the tile unit (q6_amx) takes x whole: bf16, TILE_FROM to TILE_ROWS rows, on a
         CPU with AMX (block_linear.tiles_take)."""
-        return x.dtype == torch.bfloat16 and TILE_FROM <= x.shape[0] <= TILE_ROWS and has_tile_unit()
+        return tile_batch(x)
 
     def few(self, x: torch.Tensor) -> torch.Tensor:
         if self.tiles_serve(x):
@@ -332,8 +338,7 @@ class Int4Blocks(KernelRows):
         """Whether the tile unit (int4_amx) takes x whole: bf16 activations, exact (not rounded to
         int8 or int16), TILE_FROM to TILE_ROWS rows, on a CPU with AMX (block_linear.tiles_take:
         past rows_a_call, the loops' FEW_ROWS, in one call)."""
-        return (x.dtype == torch.bfloat16 and TILE_FROM <= x.shape[0] <= TILE_ROWS and not self.int8_activations
-                and not rounds_to_int16(self) and has_tile_unit())
+        return tile_batch(x) and not self.int8_activations and not rounds_to_int16(self)
 
     def few(self, x: torch.Tensor) -> torch.Tensor:
         if self.int8_activations:
