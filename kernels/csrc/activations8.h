@@ -3,6 +3,11 @@
 // weights' codes by u8 x s8 products summed in 16 bits, so a 32-byte register of codes costs one
 // multiply where 16-bit activations cost two. Each super-block is scaled so its largest magnitude
 // is 127 and rounded to nearest even; a super-block of zeros gets scale 0 and codes 0.
+//
+// round_super_to_halves is the same rounding at 15 bits (largest magnitude 16383) with each code c
+// split into two int8 codes, c = 128 * hi + lo (hi = c >> 7 in [-128, 127], lo = c & 127): the
+// products of the AVX2 default's Q6_K layers (group_gemv_q8's `halves`) sum each half in the int8
+// loops and add the two results, for an error far below the 8-bit rounding's.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -54,11 +59,27 @@ inline void load_super(const at::Tensor& x, const T* xs, int64_t m, int64_t s, f
   for (int64_t i = 0; i < kSuperBlock; ++i) v[i] = static_cast<float>(src[i * x.stride(1)]);
 }
 
-// v [256] float32 (64-byte aligned) -> q [256] int8, returning the scale (v ~= q * scale).
-inline float round_super_to_int8(const float* v, int8_t* q) {
+// The largest magnitude of a super-block's 256 activations.
+inline float super_top(const float* v) {
   float top = 0.f;
 #pragma omp simd reduction(max : top)
   for (int64_t i = 0; i < kSuperBlock; ++i) top = std::max(top, std::abs(v[i]));
+  return top;
+}
+
+#if defined(__AVX2__)
+// 32 int32 lanes (four registers, each within int8's range) -> 32 int8 in order at q: the packs
+// interleave 4-byte runs; the permute orders them.
+inline void store_int8(__m256i a, __m256i b, __m256i c, __m256i d, int8_t* q) {
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+#endif
+
+// v [256] float32 (64-byte aligned) -> q [256] int8, returning the scale (v ~= q * scale).
+inline float round_super_to_int8(const float* v, int8_t* q) {
+  const float top = super_top(v);
   const float inv = top > 0.f ? 127.f / top : 0.f;
 #if defined(__AVX512F__) && defined(__AVX512BW__)
   for (int64_t i = 0; i < kSuperBlock; i += 16)  // rounded to nearest even, as nearbyint
@@ -67,16 +88,37 @@ inline float round_super_to_int8(const float* v, int8_t* q) {
 #elif defined(__AVX2__)
   const __m256 by = _mm256_set1_ps(inv);
   const auto rounded = [&](int64_t i) { return _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(v + i), by)); };
-  for (int64_t i = 0; i < kSuperBlock; i += 32) {  // the packs interleave 4-byte runs; the permute orders them
-    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(rounded(i), rounded(i + 8)),
-                                             _mm256_packs_epi32(rounded(i + 16), rounded(i + 24)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i),
-                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-  }
+  for (int64_t i = 0; i < kSuperBlock; i += 32) store_int8(rounded(i), rounded(i + 8), rounded(i + 16), rounded(i + 24), q + i);
 #else
   for (int64_t i = 0; i < kSuperBlock; ++i) q[i] = static_cast<int8_t>(std::nearbyint(v[i] * inv));
 #endif
   return top / 127.f;
+}
+
+// v [256] float32 (64-byte aligned) -> c = v / scale rounded to nearest even (|c| <= 16383) as its
+// two halves hi [256] and lo [256] (c = 128 * hi + lo), returning the scale (v ~= c * scale).
+inline float round_super_to_halves(const float* v, int8_t* hi, int8_t* lo) {
+  const float top = super_top(v);
+  const float inv = top > 0.f ? 16383.f / top : 0.f;
+#if defined(__AVX2__)
+  const __m256 by = _mm256_set1_ps(inv);
+  const __m256i low7 = _mm256_set1_epi32(127);
+  for (int64_t i = 0; i < kSuperBlock; i += 32) {
+    __m256i c[4];
+    for (int r = 0; r < 4; ++r) c[r] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(v + i + 8 * r), by));
+    store_int8(_mm256_srai_epi32(c[0], 7), _mm256_srai_epi32(c[1], 7), _mm256_srai_epi32(c[2], 7),
+               _mm256_srai_epi32(c[3], 7), hi + i);
+    store_int8(_mm256_and_si256(c[0], low7), _mm256_and_si256(c[1], low7), _mm256_and_si256(c[2], low7),
+               _mm256_and_si256(c[3], low7), lo + i);
+  }
+#else
+  for (int64_t i = 0; i < kSuperBlock; ++i) {
+    const int c = static_cast<int>(std::nearbyint(v[i] * inv));
+    hi[i] = static_cast<int8_t>(c >> 7);  // arithmetic: the floor of c / 128
+    lo[i] = static_cast<int8_t>(c & 127);
+  }
+#endif
+  return top / 16383.f;
 }
 
 }  // namespace radixserve

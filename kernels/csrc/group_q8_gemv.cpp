@@ -66,21 +66,46 @@ struct Q8Rows {
   std::vector<int16_t> sums;                                      // [rows, k / 16]: each group's sum of q
 };
 
+// Row m's super-block s, rounded already at its place in a.q: each group's sum of its codes.
+inline void group_sums(Q8Rows& a, int64_t m, int64_t s) {
+  const int8_t* q = a.q.data() + m * a.k + s * kSuperBlock;
+  for (int64_t g = 0; g < kSpan; ++g) {
+    int sum = 0;
+    for (int64_t i = 0; i < kGroup; ++i) sum += q[g * kGroup + i];
+    a.sums[(m * a.supers + s) * kSpan + g] = static_cast<int16_t>(sum);
+  }
+}
+
+// x's rows [begin, end) rounded to int8 per super-block: a's rows [begin, end).
 template <typename T>
 void quantize_rows(const at::Tensor& x, Q8Rows& a, int64_t begin, int64_t end) {
-  const int64_t k = a.k;
   const T* xs = x.data_ptr<T>();
   alignas(64) float v[kSuperBlock];
   for (int64_t m = begin; m < end; ++m)
     for (int64_t s = 0; s < a.supers; ++s) {
-      int8_t* q = a.q.data() + m * k + s * kSuperBlock;
       radixserve::load_super(x, xs, m, s, v);
-      a.scale[m * a.supers + s] = radixserve::round_super_to_int8(v, q);
-      for (int64_t g = 0; g < kSpan; ++g) {
-        int sum = 0;
-        for (int64_t i = 0; i < kGroup; ++i) sum += q[g * kGroup + i];
-        a.sums[(m * a.supers + s) * kSpan + g] = static_cast<int16_t>(sum);
-      }
+      a.scale[m * a.supers + s] = radixserve::round_super_to_int8(v, a.q.data() + m * a.k + s * kSuperBlock);
+      group_sums(a, m, s);
+    }
+}
+
+// x's rows [begin, end) rounded to 15 bits per super-block and split in halves (activations8.h's
+// round_super_to_halves): row m's high half is a's row 2m (scaled by 128 steps), its low half row
+// 2m + 1, so the int8 loops sum both and the two results add up to row m's.
+template <typename T>
+void quantize_halves(const at::Tensor& x, Q8Rows& a, int64_t begin, int64_t end) {
+  const T* xs = x.data_ptr<T>();
+  alignas(64) float v[kSuperBlock];
+  for (int64_t m = begin; m < end; ++m)
+    for (int64_t s = 0; s < a.supers; ++s) {
+      radixserve::load_super(x, xs, m, s, v);
+      const int64_t high = 2 * m, low = 2 * m + 1;
+      const float step = radixserve::round_super_to_halves(v, a.q.data() + high * a.k + s * kSuperBlock,
+                                                           a.q.data() + low * a.k + s * kSuperBlock);
+      a.scale[high * a.supers + s] = 128.f * step;  // exact: a power of two
+      a.scale[low * a.supers + s] = step;
+      group_sums(a, high, s);
+      group_sums(a, low, s);
     }
 }
 
@@ -157,11 +182,43 @@ void dot_rows(const uint8_t* w, const int8_t* codes, const float* steps, int64_t
 #endif
 }
 
-// x [rows, K] @ (scale codes * steps * codes).T -> [rows, N] in x's dtype, x rounded to int8 per 256.
-// The codes: int8 [N, K], or six_bit_codes.h's uint8 [N, K / 256 * 192] (pack_six_bits), with the
-// same results bit for bit.
+// The products of a's `rows` rounded rows with the codes, into out [rows, n]: q8_panel.h's panel
+// loop from its rows_from() rows (AVX2), else the few-row loop, over the threads.
+template <typename O>
+void products(const Q8Rows& a, int64_t rows, const uint8_t* wp, bool six, const radixserve::GroupScales& sg, int64_t n,
+              O* out) {
+  const int64_t k = a.k;
+  const int8_t* cp = static_cast<const int8_t*>(sg.values);
+#if RADIXSERVE_Q8_PANEL
+  if (rows >= radixserve::q8panel::rows_from()) {
+    namespace panel = radixserve::q8panel;
+    std::vector<int32_t> offsets(rows * (k / kGroup));
+    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m) panel::codes::offsets(a.q.data() + m * k, k, offsets.data() + m * (k / kGroup));
+    });
+    at::parallel_for(0, (n + panel::kCols - 1) / panel::kCols, 1, [&](int64_t begin, int64_t end) {
+      with_form(six, [&](auto form) {
+        constexpr bool Six = decltype(form)::value;
+        panel::codes::products<Six>(wp, cp, sg.steps, n, k, begin, end, a.q.data(), a.scale.data(), offsets.data(),
+                                    rows, out);
+      });
+    });
+    return;
+  }
+#endif
+  const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / k);  // small layers stay on one thread
+  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+    with_form(six, [&](auto form) { dot_rows<decltype(form)::value>(wp, cp, sg.steps, n, begin, end, a, rows, out); });
+  });
+}
+
+// x [rows, K] @ (scale codes * steps * codes).T -> [rows, N] in x's dtype, x rounded to int8 per 256
+// (`--int8-activations`), or with `halves` to 15 bits per 256 in two int8 halves (the AVX2
+// default's Q6_K layers): 2 rounded rows a row, the few-row loop's from 4 rows the panel loop's
+// (2 x 4 = rows_from()), their float32 results added. The codes: int8 [N, K], or six_bit_codes.h's
+// uint8 [N, K / 256 * 192] (pack_six_bits), with the same results bit for bit.
 at::Tensor group_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales,
-                         const at::Tensor& scale_steps) {
+                         const at::Tensor& scale_steps, bool halves) {
   TORCH_CHECK(RADIXSERVE_GROUP_Q8, "group_gemv_q8: this CPU lacks AVX2 (group_gemv_q8_fast() is false)");
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "group_gemv_q8: x is a CPU [rows, K] float32 or bfloat16 tensor");
@@ -176,34 +233,26 @@ at::Tensor group_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Ten
   const auto sg = radixserve::GroupScales::of(scales, scale_steps, n, k / kGroup, "group_gemv_q8");
   TORCH_CHECK(sg.type == at::kChar && sg.span == kSpan,
               "group_gemv_q8: scales are int8 codes a group of 16 with a float32 step per 16 groups (Q6_K's)");
-  Q8Rows a(rows, k);
+  Q8Rows a(halves ? 2 * rows : rows, k);
   at::Tensor out = at::empty({rows, n}, x.options());
   const uint8_t* wp = static_cast<const uint8_t*>(w.data_ptr());
-  const int8_t* cp = static_cast<const int8_t*>(sg.values);
-  const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / k);  // small layers stay on one thread
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "group_gemv_q8", [&] {
-    // on one thread for a few rows (a decode step), spread over the threads for a prompt's
-    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) { quantize_rows<scalar_t>(x, a, begin, end); });
     scalar_t* op = out.data_ptr<scalar_t>();
-#if RADIXSERVE_Q8_PANEL
-    if (rows >= radixserve::q8panel::rows_from()) {  // q8_panel.h's panel loop (AVX2)
-      namespace panel = radixserve::q8panel;
-      std::vector<int32_t> offsets(rows * (k / kGroup));
-      at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-        for (int64_t m = begin; m < end; ++m) panel::codes::offsets(a.q.data() + m * k, k, offsets.data() + m * (k / kGroup));
-      });
-      at::parallel_for(0, (n + panel::kCols - 1) / panel::kCols, 1, [&](int64_t begin, int64_t end) {
-        with_form(six, [&](auto form) {
-          constexpr bool Six = decltype(form)::value;
-          panel::codes::products<Six>(wp, cp, sg.steps, n, k, begin, end, a.q.data(), a.scale.data(), offsets.data(),
-                                      rows, op);
-        });
-      });
+    // on one thread for a few rows (a decode step), spread over the threads for a prompt's
+    if (!halves) {
+      at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) { quantize_rows<scalar_t>(x, a, begin, end); });
+      products(a, rows, wp, six, sg, n, op);
       return;
     }
-#endif
-    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-      with_form(six, [&](auto form) { dot_rows<decltype(form)::value>(wp, cp, sg.steps, n, begin, end, a, rows, op); });
+    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) { quantize_halves<scalar_t>(x, a, begin, end); });
+    at::Tensor both = at::empty({2 * rows, n}, x.options().dtype(at::kFloat));  // row m's halves: rows 2m, 2m + 1
+    const float* bp = both.data_ptr<float>();
+    products(a, 2 * rows, wp, six, sg, n, both.data_ptr<float>());
+    at::parallel_for(0, rows * n, int64_t{1} << 14, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t m = i / n, j = i % n;
+        op[i] = static_cast<scalar_t>(bp[2 * m * n + j] + bp[(2 * m + 1) * n + j]);
+      }
     });
   });
   return out;
@@ -313,7 +362,8 @@ bool group_gemv_q8_fast() { return RADIXSERVE_GROUP_Q8 != 0; }
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
-  m.def("group_gemv_q8(Tensor x, Tensor w, Tensor scales, Tensor scale_steps) -> Tensor", group_gemv_q8);
+  m.def("group_gemv_q8(Tensor x, Tensor w, Tensor scales, Tensor scale_steps, bool halves=False) -> Tensor",
+        group_gemv_q8);
   m.def("group_gemv_q8_fast() -> bool", group_gemv_q8_fast);
   m.def("group_gemv_q8_experts(Tensor x, int[] counts, Tensor[] w, Tensor[] scales, Tensor[] scale_steps) -> Tensor",
         group_gemv_q8_experts);

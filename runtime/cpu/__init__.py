@@ -16,6 +16,7 @@
 A GPU reader can skip this folder: the runner is device-neutral but for that call.
 """
 
+from runtime.cpu.block_weights import int16_activations_default
 from runtime.cpu.host_threads import serial_on_this_thread
 from runtime.cpu.precision import MatmulRates, Precision, choose, measure_rates, resolve_precision
 from runtime.cpu.prepare import check_quantization, prepare, resolve_quantization
@@ -23,6 +24,6 @@ from runtime.cpu.thread_budget import ThreadGovernor, allowed_cpus, cgroup_quota
 from runtime.cpu.weight_prefetch import choose_weight_prefetch
 
 __all__ = ["MatmulRates", "Precision", "ThreadGovernor", "allowed_cpus", "cgroup_quota", "check_quantization", "choose",
-           "choose_weight_prefetch",
+           "choose_weight_prefetch", "int16_activations_default",
            "measure_rates", "prepare", "resolve_precision", "resolve_quantization", "serial_on_this_thread",
            "thread_ceiling"]

@@ -61,8 +61,9 @@ class BlockStore:
 
     def __init__(self, folder: Path, dtype: torch.dtype, int8_activations: bool = False) -> None:
         self.folder = folder
-        # `--int8-activations` keeps its own file beside the default's (its Q6_K codes are held at six
-        # bits: block_weights.Int8Blocks.use_int8_activations), so either start maps what it serves
+        # `--int8-activations`, and the AVX2 default's halves, keep their own file beside the exact
+        # activations' (their Q6_K codes are held at six bits: block_weights.Int8Blocks.pack_six_bits),
+        # so each start maps what it serves
         self.prefix = "blocks-q8-" if int8_activations else "blocks-"
         self.path = folder / f"{self.prefix}{cache_key(dtype)}.st"
         self._index: dict[str, list[Part]] = {}

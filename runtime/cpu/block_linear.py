@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from runtime.cpu.block_cache import BlockStore
-from runtime.cpu.block_weights import FEW_ROWS, BlockWeight, DenseBlocks, Int4Blocks, Int8Blocks, block_weight
+from runtime.cpu.block_weights import (FEW_ROWS, BlockWeight, DenseBlocks, Int4Blocks, Int8Blocks, block_weight,
+                                       rounds_to_int16)
 from runtime.cpu.kernel_linear import linear_kernel, packing_supported
 from runtime.cpu.timing import best_times
 from runtime.layers.output_layer import OutputLayer
@@ -243,12 +244,25 @@ def round_activations_to_int8(model: nn.Module) -> int:
     return len(parts)
 
 
+def halve_activations(model: nn.Module) -> int:
+    """The AVX2 default (activations rounded to int16: block_weights.rounds_to_int16): every
+    Int8Blocks of the model with Q6_K's scales sums its activations at 15 bits in two int8 halves
+    through the int8 loops (Int8Blocks.use_halves), its codes at six bits; returns how many."""
+    parts = [p for p in block_parts(model) if isinstance(p, Int8Blocks) and rounds_to_int16(p)
+             and not p.int8_activations and p.sums_in_integers()]
+    for part in parts:
+        part.use_halves()
+    return len(parts)
+
+
 def keep_activations_exact(model: nn.Module) -> int:
     """`--exact-activations`: every Int4Blocks and Int8Blocks of the model takes float activations
     as they are, not rounded to int16 (block_weights.int16_activations_default); returns how many."""
     parts = [p for p in block_parts(model) if isinstance(p, (Int4Blocks, Int8Blocks))]
     for part in parts:
         part.int16_activations = False
+        if isinstance(part, Int8Blocks) and part.halves:  # back to the float loop's int8 codes
+            part.halves, part.codes = False, part.int8_codes(part.codes)
     return len(parts)
 
 

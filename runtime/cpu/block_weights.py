@@ -172,6 +172,8 @@ class KernelRows:
             return Q8_PANEL_ROWS
         if not rounds_to_int16(self):  # type: ignore[arg-type]
             return 0
+        if getattr(self, "halves", False):  # Int8Blocks.use_halves: the int8 loops, the panel's past a few rows
+            return PANEL_ROWS if has_q8_panel_loop() else INT16_ROWS
         panel = self.panel_kernel and has_panel_loop() and not self.int8_activations  # type: ignore[attr-defined]
         return PANEL_ROWS if panel else INT16_ROWS
 
@@ -182,16 +184,19 @@ class KernelRows:
 
 class Int8Blocks(KernelRows):
     """w[n, k] = scales[n, k // group] * codes[n, k] (scales in compact_scales' form). The codes
-    are int8 [N, K], or, once the layer sums int8 activations (use_int8_activations), Q6_K's
-    held at six bits a code (uint8 [N, K / 256 * 192], kernels/csrc/six_bit_codes.h), which the
-    int8-activation kernel reads with the same results: a one-stream step streams 0.75 bytes a
-    weight of them, not 1."""
+    are int8 [N, K], or, once the layer sums int8 activations (use_int8_activations) or their
+    halves (use_halves), Q6_K's held at six bits a code (uint8 [N, K / 256 * 192],
+    kernels/csrc/six_bit_codes.h), which the int8-activation kernel reads with the same results:
+    a one-stream step streams 0.75 bytes a weight of them, not 1."""
 
     wide_itself = False
     panel_kernel = True
     kept_tensors, kept_attrs = ("codes", "scales", "steps"), ("shape", "group")
     int16_activations: bool | None = None  # as Int4Blocks'
     int8_activations = False  # as Int4Blocks'
+    # the AVX2 default's rounding to int16 done instead by group_gemv_q8 at 15 bits in two int8
+    # halves (use_halves), so Q6_K's codes stream at six bits through the int8 loops
+    halves = False
 
     def __init__(self, groups: Int8Groups) -> None:
         self.codes = groups.codes.contiguous()
@@ -199,8 +204,8 @@ class Int8Blocks(KernelRows):
         self.shape, self.group = groups.shape, groups.group
 
     def few(self, x: torch.Tensor) -> torch.Tensor:
-        if self.int8_activations:  # either form of the codes
-            return ops().group_gemv_q8(x, self.codes, self.scales, self.steps)  # type: ignore[union-attr]
+        if self.int8_activations or self.halves:  # either form of the codes
+            return ops().group_gemv_q8(x, self.codes, self.scales, self.steps, self.halves)  # type: ignore[union-attr]
         return ops().group_gemv(x, self.codes, self.scales, self.group, self.steps, rounds_to_int16(self))  # type: ignore[union-attr]
 
     def sums_in_integers(self) -> bool:
@@ -215,6 +220,17 @@ class Int8Blocks(KernelRows):
         """Sum int8 activations from now on (sums_in_integers() must hold), the codes repacked at
         six bits where they fit (Q6_K's always do: [-32, 31])."""
         self.int8_activations = True
+        self.pack_six_bits()
+
+    def use_halves(self) -> None:
+        """Round the activations to 15 bits a super-block in two int8 halves from now on, summed by
+        the int8 loops (sums_in_integers() must hold; the AVX2 default, for an int16 rounding:
+        block_linear.halve_activations), the codes repacked at six bits where they fit."""
+        self.halves = True
+        self.pack_six_bits()
+
+    def pack_six_bits(self) -> None:
+        """The codes at six bits a code where they fit, for the int8 loops (same results)."""
         if self.codes.dtype != torch.int8:
             return  # at six bits already
         low, high = torch.aminmax(self.codes)

@@ -47,12 +47,16 @@ def load_config(folder: Path) -> object:
 
 
 def load_model(folder: Path, config: object, dtype: torch.dtype, device: torch.device,
-               load_format: str = "auto", blocks: bool = False, int8_activations: bool = False) -> nn.Module:
+               load_format: str = "auto", blocks: bool = False, int8_activations: bool = False,
+               halves: bool = False) -> nn.Module:
     """Our model class for `config`, with weights from `folder` (or random ones: load_format="dummy").
     `blocks`: the weights a GGUF ships quantized are served from their codes (runtime/cpu/
     block_linear.py), never held in `dtype`: the model takes about the file's size.
     `int8_activations` (with `blocks`): its Q4_K and Q6_K layers sum activations rounded to int8
-    (block_linear.round_activations_to_int8), their layouts kept in the block cache as served."""
+    (block_linear.round_activations_to_int8), their layouts kept in the block cache as served.
+    `halves` (with `blocks`; the AVX2 default): its Q6_K layers round the activations to 15 bits in
+    two int8 halves for the int8 loops (block_linear.halve_activations), their codes at six bits as
+    with `int8_activations`, whose block cache file they share."""
     cls = model_class(config)
     with torch.device("meta"):
         model = cls(config)
@@ -63,13 +67,17 @@ def load_model(folder: Path, config: object, dtype: torch.dtype, device: torch.d
 
         output_name = "model.embed_tokens.weight" if getattr(model, "lm_head", None) is None else "lm_head.weight"
         # the layers as the first start built them (runtime/cpu/block_cache.py)
-        store = BlockStore(folder, dtype, int8_activations)
+        store = BlockStore(folder, dtype, int8_activations or halves)
         served = frozenset(swap_in_blocks(model, KeptGroups(folder), tensor_reader(folder), dtype, output_name, store))
         if int8_activations:
             from runtime.cpu.block_linear import round_activations_to_int8
 
             logger.info("gguf: %d Q4_K and Q6_K layers sum int8 activations (--int8-activations)",
                         round_activations_to_int8(model))
+        elif halves:
+            from runtime.cpu.block_linear import halve_activations
+
+            logger.info("gguf: %d Q6_K layers sum 15-bit activations in two int8 halves", halve_activations(model))
         store.finish()
     model.to_empty(device=device)
     model.to(dtype)
@@ -124,7 +132,9 @@ class ModelRunner:
                                                      cfg.load_format)
         # gguf: the file's quantized weights served from their codes, with no copy in --dtype
         self.model = load_model(cfg.model_path, self.config, self.dtype, self.device, cfg.load_format,
-                                blocks=self.quantization == "gguf", int8_activations=cfg.int8_activations)
+                                blocks=self.quantization == "gguf", int8_activations=cfg.int8_activations,
+                                halves=self.quantization == "gguf" and not cfg.int8_activations
+                                and not cfg.exact_activations and cpu.int16_activations_default())
         if cfg.exact_activations and self.quantization == "gguf":
             from runtime.cpu.block_linear import keep_activations_exact
 

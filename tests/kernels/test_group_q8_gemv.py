@@ -6,7 +6,10 @@ Checked against the same arithmetic in float64 (each super-block's activations s
 rounded half to even, the codes times their groups' scales); a row's bits are the same alone and in
 any batch; `--int8-activations` (round_activations_to_int8) turns it on for Q6_K-scaled layers
 only (Q8_0's float16 scales have no integer codes), their codes then held at six bits with the same
-results; bad input is refused with a message. Skips where the CPU lacks AVX2.
+results; bad input is refused with a message. The halves (the AVX2 default's Q6_K layers: the
+activations at 15 bits a super-block in two int8 halves, each summed by the same loops) are checked
+the same ways, and halve_activations turns them on only for layers that round to int16. Skips
+where the CPU lacks AVX2.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ import torch
 from torch import nn
 
 from kernels.cpu_ops import ops
-from runtime.cpu.block_linear import BlockLinear, round_activations_to_int8
+from runtime.cpu.block_linear import BlockLinear, halve_activations, keep_activations_exact, round_activations_to_int8
 from runtime.cpu.block_weights import Int8Blocks, compact_scales, rounds_to_int16
 from runtime.loading.gguf_int8_groups import Int8Groups
-from tests.kernels.int8_activations import rounded_to_int8
+from tests.kernels.int8_activations import rounded_to_halves, rounded_to_int8
 
 pytestmark = pytest.mark.skipif(ops() is None or not ops().group_gemv_q8_fast(),
                                 reason="no CPU kernels, or no AVX2 on this CPU")
@@ -36,16 +39,16 @@ def q6k(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scales
 
 
-def call(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def call(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, halves: bool = False) -> torch.Tensor:
     sc, steps = compact_scales(scales, 16)
     assert sc.dtype == torch.int8 and steps is not None
-    return ops().group_gemv_q8(x, codes, sc, steps)
+    return ops().group_gemv_q8(x, codes, sc, steps, halves)
 
 
-def reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, halves: bool = False) -> torch.Tensor:
     n, k = codes.shape
     w = (codes.double().reshape(n, k // 16, 16) * scales.double()[..., None]).reshape(n, k)
-    return rounded_to_int8(x) @ w.t()
+    return (rounded_to_halves(x) if halves else rounded_to_int8(x)) @ w.t()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -162,3 +165,66 @@ def test_six_bit_codes_out_of_range_or_misshapen_are_refused() -> None:
         ops().group_gemv_q8(torch.randn(1, 512), six[:, :200].contiguous(), sc, ss)
     with pytest.raises(RuntimeError, match="uint8 \\[N, K / 256 \\* 192\\]"):
         ops().unpack_six_bits(six, 768)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 17])
+def test_halves_sum_the_activations_rounded_to_15_bits(dtype: torch.dtype, rows: int) -> None:
+    """Two int8 rows a row (c = 128 hi + lo), from 4 rows through the panel loop: the products of
+    the activations rounded to 15 bits a super-block, 256 times closer to the exact ones than int8's."""
+    n, k = 40, 768
+    codes, scales = q6k(n, k, seed=20 + rows)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(21)).to(dtype)
+    x[0, 256:512] = 0  # a super-block of zeros: scale 0
+    x[-1, 3] = x[-1].abs().max() * 1.5  # a super-block's extremes, +-16383: hi at 127 and -128
+    x[-1, 600] = -x[-1, 3]
+    out = call(x, codes, scales, halves=True)
+    assert out.dtype == dtype and out.shape == (rows, n)
+    want = reference(x, codes, scales, halves=True)
+    scale = want.abs().max().item()
+    if dtype == torch.float32:
+        assert torch.allclose(out.double(), want, rtol=1e-5, atol=1e-6 * scale)
+    else:  # the result rounded to bf16
+        assert torch.allclose(out.double(), want, rtol=8e-3, atol=1e-3 * scale)
+    exact = x.double() @ (codes.double().reshape(n, k // 16, 16) * scales.double()[..., None]).reshape(n, k).t()
+    if dtype == torch.float32:
+        assert (out.double() - exact).abs().max() < 2e-4 * exact.abs().max()
+        assert (out.double() - exact).abs().max() < (call(x, codes, scales).double() - exact).abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_halves_give_a_row_the_same_bits_alone_and_in_a_batch(dtype: torch.dtype) -> None:
+    """Within one loop (1 to 3 rows: the few-row loop's 2 to 6 rounded rows; from 4 rows the
+    panel loop where it is built), whichever rows share the call; six-bit and int8 codes alike."""
+    codes, scales = q6k(48, 1024, seed=22)
+    six = ops().pack_six_bits(codes)
+    sc, steps = compact_scales(scales, 16)
+    x = torch.randn(21, 1024, generator=torch.Generator().manual_seed(23)).to(dtype)
+    few = call(x[:3], codes, scales, halves=True)
+    for i in range(3):
+        assert torch.equal(call(x[i:i + 1], codes, scales, halves=True)[0], few[i])
+    assert torch.equal(call(x[1:3], codes, scales, halves=True), few[1:])
+    many = call(x, codes, scales, halves=True)
+    assert torch.equal(call(x[4:12], codes, scales, halves=True), many[4:12])
+    assert torch.equal(call(x[-5:], codes, scales, halves=True), many[-5:])
+    for rows in (1, 3, 4, 21):
+        assert torch.equal(ops().group_gemv_q8(x[:rows], six, sc, steps, True), many[:rows] if rows > 3 else few[:rows])
+
+
+def test_halves_are_for_layers_that_round_to_int16_and_exact_activations_take_them_back() -> None:
+    codes, scales = q6k(32, 512, seed=24)
+    rounded, exact = Int8Blocks(Int8Groups(codes, scales)), Int8Blocks(Int8Groups(codes, scales))
+    rounded.int16_activations, exact.int16_activations = True, False  # not this CPU's default: either way
+    q8_0 = Int8Blocks(Int8Groups(codes, scales.reshape(32, -1, 2)[..., 0].half()))
+    q8_0.int16_activations = True
+    model = nn.Sequential(BlockLinear([rounded], None), BlockLinear([exact], None), BlockLinear([q8_0], None))
+    assert halve_activations(model) == 1
+    assert rounded.halves and rounded.codes.dtype == torch.uint8 and not exact.halves and not q8_0.halves
+    assert rounded.integer_rows >= 32  # prompts' products through the int8 loops too
+    x = torch.randn(5, 512)
+    for rows in (1, 5):
+        assert torch.equal(model[0](x[:rows]), call(x[:rows], codes, scales, halves=True))
+    assert torch.equal(model[1](x), ops().group_gemv(x, exact.codes, exact.scales, 16, exact.steps, False))
+    assert keep_activations_exact(model) == 3
+    assert not rounded.halves and torch.equal(rounded.codes, codes)
+    assert torch.equal(model[0](x), model[1](x))

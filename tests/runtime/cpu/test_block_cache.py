@@ -154,26 +154,33 @@ def test_int8_activations_is_an_engine_flag(folder: Path) -> None:
 
 
 @pytest.mark.skipif(ops() is None or not ops().group_gemv_q8_fast(), reason="no AVX2: no int8-activation kernels")
-def test_int8_activations_keep_their_own_file_of_six_bit_q6_k_codes(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("rounds_to_int16", [False, True], ids=["exact-default", "int16-default"])
+def test_int8_activations_keep_their_own_file_of_six_bit_q6_k_codes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   rounds_to_int16: bool) -> None:
     """A Q6_K file (every matrix 256 wide or more) under --int8-activations: its Q6_K codes are held
     at six bits (block_weights.Int8Blocks.use_int8_activations) and kept so in a file of their own
-    (`blocks-q8-*.st`) beside the default's; a later start maps it, building nothing, and serves
-    the same tokens; the default start keeps its int8 codes."""
+    (`blocks-q8-*.st`); a later start maps it, building nothing, and serves the same tokens. The
+    default start keeps its int8 codes in a file beside it where it takes exact activations, and
+    where it rounds them to int16 (the AVX2 default, taken here on any kind) sums them in halves
+    over the same six-bit codes (Int8Blocks.use_halves), mapping the same file."""
     from gguf import GGMLQuantizationType
     from safetensors import safe_open
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    import runtime.cpu
+    from runtime.cpu import block_weights
     from runtime.cpu.block_weights import Int8Blocks
     from tests.tiny_gguf import write_gguf_from_hf
     from tests.tiny_tokenizer import VOCAB_SIZE, save_tiny_tokenizer
 
+    monkeypatch.setattr(runtime.cpu, "int16_activations_default", lambda: rounds_to_int16)
+    monkeypatch.setattr(block_weights, "int16_activations_default", lambda: rounds_to_int16)
     monkeypatch.setenv("RADIXSERVE_HOME", str(tmp_path / "home"))
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                          tie_word_embeddings=True)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(str(tmp_path / "hf"))
+    Qwen2ForCausalLM(config).float().save_pretrained(str(tmp_path / "hf"))
     save_tiny_tokenizer(tmp_path / "hf", bos=False)
     gguf = tmp_path / "wide-q6_k.gguf"
     write_gguf_from_hf(tmp_path / "hf", gguf, "qwen2", kinds={"*": GGMLQuantizationType.Q6_K})
@@ -183,12 +190,16 @@ def test_int8_activations_keep_their_own_file_of_six_bit_q6_k_codes(tmp_path: Pa
             parts = [p for p in block_linear.block_parts(engine.runner.model) if isinstance(p, Int8Blocks)]
             return engine.generate(input_ids=[[5, 268, 269, 270]], sampling_params=GREEDY)[0].token_ids, parts
 
-    default, int8_parts = serve(False)
+    default, default_parts = serve(False)
     first, six_parts = serve(True)
-    assert int8_parts and all(p.codes.dtype == torch.int8 for p in int8_parts)
+    if rounds_to_int16:
+        assert default_parts and all(p.codes.dtype == torch.uint8 and p.halves for p in default_parts)
+    else:
+        assert default_parts and all(p.codes.dtype == torch.int8 and not p.halves for p in default_parts)
     assert six_parts and all(p.codes.dtype == torch.uint8 and p.int8_activations for p in six_parts)
     [kept] = (tmp_path / "home").rglob("blocks-q8-*.st")
-    assert len([p for p in kept.parent.glob("blocks-*.st") if p != kept]) == 1  # the default's, kept too
+    # the exact default's file kept beside it; the halves' is the same file
+    assert len([p for p in kept.parent.glob("blocks-*.st") if p != kept]) == (0 if rounds_to_int16 else 1)
     with safe_open(str(kept), framework="pt") as handle:
         assert {handle.get_slice(name).get_dtype() for name in handle.keys() if name.endswith(".codes")} == {"U8"}
     refuse_building(monkeypatch)
