@@ -76,36 +76,29 @@ inline void group_sums(Q8Rows& a, int64_t m, int64_t s) {
   }
 }
 
-// x's rows [begin, end) rounded to int8 per super-block: a's rows [begin, end).
-template <typename T>
+// x's rows [begin, end) rounded per super-block into a: to int8, a's rows [begin, end); or, with
+// Halves, to 15 bits in two int8 halves (activations8.h's round_super_to_halves): row m's high
+// half is a's row 2m (scaled by 128 steps), its low half row 2m + 1, so the int8 loops sum both
+// and the two results add up to row m's.
+template <bool Halves, typename T>
 void quantize_rows(const at::Tensor& x, Q8Rows& a, int64_t begin, int64_t end) {
   const T* xs = x.data_ptr<T>();
   alignas(64) float v[kSuperBlock];
   for (int64_t m = begin; m < end; ++m)
     for (int64_t s = 0; s < a.supers; ++s) {
       radixserve::load_super(x, xs, m, s, v);
-      a.scale[m * a.supers + s] = radixserve::round_super_to_int8(v, a.q.data() + m * a.k + s * kSuperBlock);
-      group_sums(a, m, s);
-    }
-}
-
-// x's rows [begin, end) rounded to 15 bits per super-block and split in halves (activations8.h's
-// round_super_to_halves): row m's high half is a's row 2m (scaled by 128 steps), its low half row
-// 2m + 1, so the int8 loops sum both and the two results add up to row m's.
-template <typename T>
-void quantize_halves(const at::Tensor& x, Q8Rows& a, int64_t begin, int64_t end) {
-  const T* xs = x.data_ptr<T>();
-  alignas(64) float v[kSuperBlock];
-  for (int64_t m = begin; m < end; ++m)
-    for (int64_t s = 0; s < a.supers; ++s) {
-      radixserve::load_super(x, xs, m, s, v);
-      const int64_t high = 2 * m, low = 2 * m + 1;
-      const float step = radixserve::round_super_to_halves(v, a.q.data() + high * a.k + s * kSuperBlock,
-                                                           a.q.data() + low * a.k + s * kSuperBlock);
-      a.scale[high * a.supers + s] = 128.f * step;  // exact: a power of two
-      a.scale[low * a.supers + s] = step;
-      group_sums(a, high, s);
-      group_sums(a, low, s);
+      if constexpr (Halves) {
+        const int64_t high = 2 * m, low = 2 * m + 1;
+        const float step = radixserve::round_super_to_halves(v, a.q.data() + high * a.k + s * kSuperBlock,
+                                                             a.q.data() + low * a.k + s * kSuperBlock);
+        a.scale[high * a.supers + s] = 128.f * step;  // exact: a power of two
+        a.scale[low * a.supers + s] = step;
+        group_sums(a, high, s);
+        group_sums(a, low, s);
+      } else {
+        a.scale[m * a.supers + s] = radixserve::round_super_to_int8(v, a.q.data() + m * a.k + s * kSuperBlock);
+        group_sums(a, m, s);
+      }
     }
 }
 
@@ -240,11 +233,11 @@ at::Tensor group_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Ten
     scalar_t* op = out.data_ptr<scalar_t>();
     // on one thread for a few rows (a decode step), spread over the threads for a prompt's
     if (!halves) {
-      at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) { quantize_rows<scalar_t>(x, a, begin, end); });
+      at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) { quantize_rows<false, scalar_t>(x, a, begin, end); });
       products(a, rows, wp, six, sg, n, op);
       return;
     }
-    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) { quantize_halves<scalar_t>(x, a, begin, end); });
+    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) { quantize_rows<true, scalar_t>(x, a, begin, end); });
     at::Tensor both = at::empty({2 * rows, n}, x.options().dtype(at::kFloat));  // row m's halves: rows 2m, 2m + 1
     const float* bp = both.data_ptr<float>();
     products(a, 2 * rows, wp, six, sg, n, both.data_ptr<float>());
@@ -293,7 +286,7 @@ at::Tensor group_gemv_q8_experts(const at::Tensor& x, at::IntArrayRef counts, at
     unit[e + 1] = unit[e] + (n + size - 1) / size;
   }
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "group_gemv_q8_experts", [&] {
-    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) { quantize_rows<scalar_t>(x, a, begin, end); });
+    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) { quantize_rows<false, scalar_t>(x, a, begin, end); });
     std::vector<int32_t> offsets(rows * groups);
     for (int64_t m = 0; m < rows; ++m) panel::codes::offsets(a.q.data() + m * k, k, offsets.data() + m * groups);
     scalar_t* op = out.data_ptr<scalar_t>();
