@@ -263,6 +263,11 @@ class Q6Blocks:
     wide_itself = False
     kept_tensors, kept_attrs = ("packed", "scales", "steps"), ("shape", "group")
     row_multiple = 4  # dequantize() takes whole quads
+    # Two passes of the kernel beat dequantized slices up to here, as Int4Blocks' (block_linear.
+    # few_serves; CPUs with AMX take 9-16 bf16 rows in the tile unit first). 2-core Zen 4, the 1B
+    # shape's decode step alternated in one process, medians: 10 rows 260 -> 208 ms, 12 rows 283 ->
+    # 247, 16 rows 342 -> 314; its 151936 x 2048 output layer alone at 9 rows 77 -> 51 ms, at 16 level.
+    kernel_rows = 2 * FEW_ROWS
 
     def __init__(self, groups: Int8Groups) -> None:
         self.packed = ops().repack_q6(groups.codes.contiguous())  # type: ignore[union-attr]

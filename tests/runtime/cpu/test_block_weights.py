@@ -12,7 +12,8 @@ import torch
 from kernels.cpu_ops import ops
 from runtime.cpu import block_linear
 from runtime.cpu.block_linear import BlockEmbedding, BlockLinear, block_product, keep_activations_exact
-from runtime.cpu.block_weights import (FEW_ROWS, INT16_ROWS, PANEL_ROWS, DenseBlocks, Int4Blocks, Int8Blocks, TorchInt4Blocks,
+from runtime.cpu.block_weights import (FEW_ROWS, INT16_ROWS, PANEL_ROWS, DenseBlocks, Int4Blocks, Int8Blocks, Q6Blocks,
+                                       TorchInt4Blocks,
                                        block_weight, int16_activations_default)
 from runtime.loading.gguf_groups import Int4Groups
 from runtime.loading.gguf_int8_groups import Int8Groups
@@ -224,3 +225,24 @@ def test_the_output_layer_serves_its_packed_copy_from_the_timed_row_count(packed
     layer.copy_from = None
     assert torch.equal(layer(x[:5], weight), block_product(weight, x[:5]).float())
     assert torch.equal(layer(x, weight), block_product(weight, x).float())  # the linear layers' rule, as before
+
+
+def test_six_bit_layers_take_two_kernel_passes_up_to_16_rows() -> None:
+    """Q6Blocks (bf16 rows on CPUs with bf16 dot products) serve 9-16 rows from their codes in
+    passes of 8, each row as alone, ahead of dequantized slices (kernel_rows, as Int4Blocks'; where
+    AMX's tile unit takes them, it does first); past 16 rows, the slices."""
+    gen = torch.Generator().manual_seed(5)
+    codes = torch.randint(-32, 32, (64, 512), generator=gen).to(torch.int8)
+    d = (torch.rand(64, 2, 1, generator=gen) * 1e-2).half().float()
+    groups = Int8Groups(codes, (d * torch.randint(-128, 128, (64, 2, 16), generator=gen).float()).reshape(64, 32))
+    if not Q6Blocks.fits(groups, torch.bfloat16):
+        pytest.skip("no bf16 dot products: Q6_K stays in int8 codes here")
+    weight = Q6Blocks(groups)
+    assert weight.kernel_rows == 2 * FEW_ROWS and block_linear.few_serves(weight, 16)
+    assert not block_linear.few_serves(weight, 17)
+    x = torch.randn(17, 512, generator=gen).to(torch.bfloat16)
+    if not block_linear.tiles_take(weight, x[:12]):
+        passes = block_product(weight, x[:12])
+        assert torch.equal(passes, torch.cat([weight.few(x[:8]), weight.few(x[8:12])]))
+        assert torch.equal(passes[9], weight.few(x[9:10])[0])
+    assert torch.equal(block_product(weight, x), block_linear.wide_product(weight, x))
