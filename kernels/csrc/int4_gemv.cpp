@@ -481,7 +481,7 @@ void dot_tiles(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t
 // One full tile (16 groups, 4 blocks) into the rows' accumulators.
 template <int M, int R>
 inline void tile_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j, int64_t group0, const Activations& a,
-                      __m512 (&acc)[R][M]) {
+                      int64_t m0, __m512 (&acc)[R][M]) {
   const int64_t k = a.k;
   const __m512i nibble = _mm512_set1_epi16(0x000F), base = _mm512_set1_epi16(0x4300);
   const Tile tile{group0, kTileGroups};
@@ -497,7 +497,7 @@ inline void tile_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j, 
       const int64_t at = group0 * kGroup + (4 * v + t) * 2 * kTileGroups;
       __m512bh xs[M];
       RADIXSERVE_UNROLL
-      for (int m = 0; m < M; ++m) xs[m] = (__m512bh)_mm512_loadu_si512(a.bf16.data() + m * k + at);
+      for (int m = 0; m < M; ++m) xs[m] = (__m512bh)_mm512_loadu_si512(a.bf16.data() + (m0 + m) * k + at);
       RADIXSERVE_UNROLL
       for (int r = 0; r < R; ++r) {
         const __m512bh codes =
@@ -519,7 +519,7 @@ inline void tile_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j, 
 // them.
 template <int M, int R>
 inline void small_tile_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t j, int64_t group0,
-                            const Activations& a, __m512 (&acc)[R][M]) {
+                            const Activations& a, int64_t m0, __m512 (&acc)[R][M]) {
   const int64_t k = a.k;
   const __m512i nibble = _mm512_set1_epi16(0x000F), base = _mm512_set1_epi16(0x4300);
   __m512 tacc[R][M];
@@ -531,7 +531,8 @@ inline void small_tile_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64
   for (int t = 0; t < 4; ++t) {
     __m512bh xs[M];
     RADIXSERVE_UNROLL
-    for (int m = 0; m < M; ++m) xs[m] = (__m512bh)_mm512_loadu_si512(a.bf16.data() + m * k + group0 * kGroup + t * 32);
+    for (int m = 0; m < M; ++m)
+      xs[m] = (__m512bh)_mm512_loadu_si512(a.bf16.data() + (m0 + m) * k + group0 * kGroup + t * 32);
     RADIXSERVE_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m512bh codes = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(words[r], 4 * t), nibble, base, 0xEA);
@@ -550,18 +551,19 @@ inline void small_tile_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64
 // The same with bf16 activations and the CPU's bf16 dot products: 0x4300 | q is bf16 128 + q, and
 // one instruction multiplies two codes of each of the tile's groups by their activations, summing
 // each group's pair into its own float32 lane: 16 of them (4 registers, 4 nibbles) sum the tile.
+// (activation rows m0.. of the call, into their rows of out; `c` holds their rests)
 template <int M, int R, bool Prefetch, typename O>
 void dot_tiles_bf16(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64_t j, const Activations& a,
-                    O* out) {
+                    O* out, int64_t m0 = 0) {
   const int64_t k = a.k, groups = a.groups, full = groups / kTileGroups;
   __m512 acc[R][M];
   c.start(acc);
   for (int64_t ti = 0; ti < full; ++ti) {
     if constexpr (Prefetch) radixserve::prefetch_ahead<4 * R>(block_at(w, k, j, ti * kTileGroups / 4));
-    tile_bf16<M, R>(w, c, j, ti * kTileGroups, a, acc);
+    tile_bf16<M, R>(w, c, j, ti * kTileGroups, a, m0, acc);
   }
-  for (int64_t g = full * kTileGroups; g < groups; g += kSmallGroups) small_tile_bf16<M, R>(w, c, j, g, a, acc);
-  finish<M, R>(acc, n, j, out);
+  for (int64_t g = full * kTileGroups; g < groups; g += kSmallGroups) small_tile_bf16<M, R>(w, c, j, g, a, m0, acc);
+  finish<M, R>(acc, n, j, out + m0 * n);
 }
 #endif
 
@@ -658,6 +660,37 @@ void dot_tiles16(const uint8_t* w, const RowConstants<M, R>& c, int64_t n, int64
 #endif
 }
 
+#if RADIXSERVE_INT4_BF16
+// More than 4 bf16 activation rows: each weight quad against them four at a time (then the rest),
+// where one pass of 2 weight rows against all of them kept 16 sums and 8 rows' activations in
+// registers and spilled: one core, a 16384 x 2048 layer at 8 rows, 48 G multiply-adds a second
+// against 65 at 4 rows. The quad's codes come from the first-level cache after the first pass and
+// are decoded again (a shift and a mask a register, against 16 dot products a pass). A row's
+// arithmetic is the loop's at any row count: the same bits.
+template <int M, typename O>
+void bf16_in_fours(const uint8_t* w, const radixserve::GroupScales& scales, const radixserve::GroupScales& lows,
+                   int64_t n, int64_t begin, int64_t end, const Activations& a, O* out) {
+  constexpr int kTail = M % 4;
+  RowConstants<4, kQuad> four(a.groups);
+  RowConstants<kTail == 0 ? 1 : kTail, kQuad> tail(a.groups);
+  for (int64_t j = begin * kQuad; j < end * kQuad; j += kQuad) {
+    four.expand(scales, lows, j);
+    for (int64_t m0 = 0; m0 + 4 <= M; m0 += 4) {
+      four.rests(a, false, m0);
+      if (a.prefetch && m0 == 0)  // the quad's first pass streams it, the others read the cache
+        dot_tiles_bf16<4, kQuad, true>(w, four, n, j, a, out, m0);
+      else
+        dot_tiles_bf16<4, kQuad, false>(w, four, n, j, a, out, m0);
+    }
+    if constexpr (kTail != 0) {
+      tail.expand(scales, lows, j);
+      tail.rests(a, false, M - kTail);
+      dot_tiles_bf16<kTail, kQuad, false>(w, tail, n, j, a, out, M - kTail);
+    }
+  }
+}
+#endif
+
 // Weight-row quads [begin, end), R rows at a time: each (row, activation row) pair holds two
 // accumulators, the tile's (in registers: every dot product adds to it) and the row's (touched once
 // a tile, so left to spill where the registers run out). A pass rereads the activations, so fewer
@@ -668,6 +701,11 @@ void dot_quads(const uint8_t* w, const radixserve::GroupScales& scales, const ra
                int64_t begin, int64_t end, const Activations& a, bool bf16, O* out) {
   // (AVX2's 16 registers hold a tile's R M accumulators and R rows' words at fewer rows a pass)
   constexpr int R = RADIXSERVE_INT4_AVX2 ? (M == 1 ? 4 : M == 2 ? 2 : 1) : (M <= 4 ? 4 : 2);
+#if RADIXSERVE_INT4_BF16
+  if constexpr (M > 4) {
+    if (bf16) return bf16_in_fours<M>(w, scales, lows, n, begin, end, a, out);
+  }
+#endif
   RowConstants<M, R> c(a.groups);
   for (int64_t j = begin * kQuad; j < end * kQuad; j += R) {
     c.load(scales, lows, j, a);

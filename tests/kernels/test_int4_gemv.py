@@ -51,7 +51,7 @@ def test_the_layout_holds_the_codes_it_documents() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8])  # past 4 bf16 rows: passes of 4, then the rest
 # 12 groups: three small tiles and a masked tail in the row constants; 36: two full tiles and a small one
 @pytest.mark.parametrize("k", [384, 1152])
 def test_the_exact_product_of_the_codes(dtype: torch.dtype, rows: int, k: int) -> None:
@@ -67,12 +67,19 @@ def test_the_exact_product_of_the_codes(dtype: torch.dtype, rows: int, k: int) -
 
 
 def test_a_row_gives_the_same_bits_alone_and_in_a_batch() -> None:
+    """Every row count of a call, 1-8: past 4 bf16 rows the loop takes them four at a time and
+    then the rest; float16 scales and a Q4_K's (int8 codes with a step a super-block) alike."""
+    from tests.kernels.test_int4_q8_gemv import q4k
+
     q, scales, lows, _ = weights(64, 640, seed=3)  # the default model's width: 20 groups a row
-    codes = pack_blocks(q)
-    x = torch.randn(8, 640).bfloat16()
-    together = ops().int4_gemv(x, codes, scales, lows)
-    for i in range(8):
-        assert torch.equal(ops().int4_gemv(x[i:i + 1], codes, scales, lows)[0], together[i])
+    kq, kscales, klows = q4k(64, 1280, seed=6)
+    (sc, ss), (lc, ls) = compact_scales(kscales, 32), compact_scales(klows, 32)
+    for width, args in ((640, (pack_blocks(q), scales, lows)), (1280, (pack_blocks(kq), sc, lc, ss, ls))):
+        x = torch.randn(8, width).bfloat16()
+        alone = torch.cat([ops().int4_gemv(x[i:i + 1], *args) for i in range(8)])
+        for rows in range(2, 9):
+            assert torch.equal(ops().int4_gemv(x[:rows], *args), alone[:rows])
+        assert torch.equal(ops().int4_gemv(x[3:8], *args), alone[3:8])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

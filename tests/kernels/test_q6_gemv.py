@@ -28,7 +28,7 @@ def groups(n: int, k: int, group: int, seed: int = 0) -> Int8Groups:
 
 
 @pytest.mark.parametrize("group", [16, 32])
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 8])  # past 4 rows: passes of 4, then the rest
 def test_the_product_of_the_weights_the_codes_stand_for(group: int, rows: int) -> None:
     weights = groups(36, 512, group, seed=rows)  # 9 quads
     q6 = Q6Blocks(weights)
@@ -49,12 +49,15 @@ def test_dequantized_rows_are_the_int8_codes_rows(dtype: torch.dtype) -> None:
     assert torch.equal(q6.rows(ids, dtype), int8.rows(ids, dtype))
 
 
-def test_a_row_gives_the_same_bits_alone_and_in_a_batch() -> None:
-    q6 = Q6Blocks(groups(40, 256, 16, seed=4))
+@pytest.mark.parametrize("group", [16, 32])
+def test_a_row_gives_the_same_bits_alone_and_in_a_batch(group: int) -> None:
+    """Every row count of a call, 1-8 (past 4 rows the loop takes them four at a time, then the rest)."""
+    q6 = Q6Blocks(groups(40, 256, group, seed=4))
     x = torch.randn(8, 256).bfloat16()
-    together = q6.few(x)
-    for i in range(8):
-        assert torch.equal(q6.few(x[i:i + 1])[0], together[i])
+    alone = torch.cat([q6.few(x[i:i + 1]) for i in range(8)])
+    for rows in range(2, 9):
+        assert torch.equal(q6.few(x[:rows]), alone[:rows])
+    assert torch.equal(q6.few(x[2:8]), alone[2:8])
 
 
 def test_only_codes_that_fit_and_bf16_activations_take_six_bits() -> None:
