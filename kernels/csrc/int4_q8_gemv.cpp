@@ -183,7 +183,7 @@ struct RowsQ8 {
 // constant offsets) of R weight rows from j against M activation rows, into acc.
 template <int M, int R, int G>
 inline void tile_rows(const uint8_t* w, const RowsQ8<M, R>& c, int64_t j, int64_t group0, const Q8Activations& a,
-                      __m512 (&acc)[R][M]) {
+                      int64_t m0, __m512 (&acc)[R][M]) {
   const int64_t k = a.k, groups = a.groups;
   const __m512i low4 = _mm512_set1_epi16(0x0F0F);
   // words past a small tile's load as 0: codes 0, whatever activations they meet
@@ -201,7 +201,7 @@ inline void tile_rows(const uint8_t* w, const RowsQ8<M, R>& c, int64_t j, int64_
   }
   RADIXSERVE_UNROLL
   for (int v = 0; v < 4; ++v) {
-    const int8_t* x = a.q.data() + group0 * kGroup + v * 8 * G;
+    const int8_t* x = a.q.data() + m0 * k + group0 * kGroup + v * 8 * G;
     RADIXSERVE_UNROLL
     for (int r = 0; r < R; ++r) {
       __m512i words;
@@ -232,9 +232,11 @@ inline void tile_rows(const uint8_t* w, const RowsQ8<M, R>& c, int64_t j, int64_
     }
 }
 
-// R weight rows from j against M activation rows; into out[m * n + j + r], rounded once to O.
+// R weight rows from j against M activation rows (m0.., whose constants `c` holds); into
+// out[(m0 + m) * n + j + r], rounded once to O.
 template <int M, int R, bool Prefetch, typename O>
-void dot_rows(const uint8_t* w, const RowsQ8<M, R>& c, int64_t n, int64_t j, const Q8Activations& a, O* out) {
+void dot_rows(const uint8_t* w, const RowsQ8<M, R>& c, int64_t n, int64_t j, const Q8Activations& a, O* out,
+              int64_t m0 = 0) {
   const int64_t k = a.k, groups = a.groups, full = groups / kTileGroups;
   __m512 acc[R][M];
   RADIXSERVE_UNROLL
@@ -243,24 +245,46 @@ void dot_rows(const uint8_t* w, const RowsQ8<M, R>& c, int64_t n, int64_t j, con
     for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
   for (int64_t ti = 0; ti < full; ++ti) {
     if constexpr (Prefetch) radixserve::prefetch_ahead<4 * R>(block_at(w, k, j, ti * kTileGroups / 4));
-    tile_rows<M, R, kTileGroups>(w, c, j, ti * kTileGroups, a, acc);
+    tile_rows<M, R, kTileGroups>(w, c, j, ti * kTileGroups, a, m0, acc);
   }
-  for (int64_t g = full * kTileGroups; g < groups; g += kSmallGroups) tile_rows<M, R, kSmallGroups>(w, c, j, g, a, acc);
+  for (int64_t g = full * kTileGroups; g < groups; g += kSmallGroups)
+    tile_rows<M, R, kSmallGroups>(w, c, j, g, a, m0, acc);
   RADIXSERVE_UNROLL
   for (int r = 0; r < R; ++r)
     RADIXSERVE_UNROLL
     for (int m = 0; m < M; ++m)
-      out[m * n + j + r] = static_cast<O>(_mm512_reduce_add_ps(acc[r][m]) + c.rest[r][m]);
+      out[(m0 + m) * n + j + r] = static_cast<O>(_mm512_reduce_add_ps(acc[r][m]) + c.rest[r][m]);
 }
 
 // Weight-row quads [begin, end), R rows at a time: each (row, activation row) pair holds two
 // accumulators, the tile's integer one (every product adds to it) and the row's float one (touched
 // once a tile, left to spill where the registers run out); fewer rows a pass reread the
 // activations more (8 rows one weight row at a time: 16384 x 2048 in 3.4-4.1 ms, two at a time 2.2).
+// Past 4 rows each quad meets them four at a time, then the rest, as int4_gemv.cpp's bf16_in_fours
+// (2 weight rows against 8 activation rows spilled their sums): the same bits.
 template <int M, typename O>
 void dot_quads(const uint8_t* w, const radixserve::GroupScales& scales, const radixserve::GroupScales& lows, int64_t n,
                int64_t begin, int64_t end, const Q8Activations& a, O* out) {
-  constexpr int R = M <= 4 ? 4 : 2;
+  if constexpr (M > 4) {
+    constexpr int kTail = M % 4;
+    RowsQ8<4, kQuad> four(a.groups, a.supers);
+    RowsQ8<kTail == 0 ? 1 : kTail, kQuad> tail(a.groups, a.supers);
+    for (int64_t j = begin * kQuad; j < end * kQuad; j += kQuad) {
+      for (int64_t m0 = 0; m0 + 4 <= M; m0 += 4) {
+        four.load(scales, lows, j, a, m0);
+        if (a.prefetch && m0 == 0)  // the quad's first pass streams it, the others read the cache
+          dot_rows<4, kQuad, true>(w, four, n, j, a, out, m0);
+        else
+          dot_rows<4, kQuad, false>(w, four, n, j, a, out, m0);
+      }
+      if constexpr (kTail != 0) {
+        tail.load(scales, lows, j, a, M - kTail);
+        dot_rows<kTail, kQuad, false>(w, tail, n, j, a, out, M - kTail);
+      }
+    }
+    return;
+  }
+  constexpr int R = 4;
   RowsQ8<M, R> c(a.groups, a.supers);
   for (int64_t j = begin * kQuad; j < end * kQuad; j += R) {
     c.load(scales, lows, j, a);
