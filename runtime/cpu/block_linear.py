@@ -95,20 +95,36 @@ def block_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
 
 def add_wide_copies(model: nn.Module, dtype: torch.dtype, available_bytes: int) -> int:
     """Give every block weight a oneDNN-packed copy in `dtype` for its wide products, if all the
-    copies together take at most WIDE_COPY_BYTES and a quarter of the RAM available; returns their
-    bytes (0: none made). Dequantized slices run a batch of 16 decode rows at about half the packed
-    copy's speed, so a small model keeps both: its codes for decode steps of a row or a few, the
-    copy for wider ones. A large model's copy would be several times the file; it keeps the codes only."""
+    copies together take at most WIDE_COPY_BYTES and a quarter of the RAM available; else the output
+    layer's alone, if it fits so. Returns their bytes (0: none made). Dequantized slices run a batch
+    of 16 decode rows at about half the packed copy's speed, so a small model keeps both: its codes
+    for decode steps of a row or a few, the copy for wider ones. A larger model's copies would be
+    several times the file. Its output layer is still the largest product of a decode batch, and
+    its codes' kernels cost a multiply-add a weight a row there (the 1B shape's 151936 x 2048 Q6_K
+    layer, 2-core Zen 4: 40.9 ms at 8 rows and 83.4 at 16, its bf16 copy 20.1 and 27.7, made in
+    0.5 s): it keeps that one copy (BlockOutputLayer times where it serves), the rest the codes only."""
     weights = [w for w in block_parts(model, experts=False)
                if not isinstance(w, DenseBlocks) and not getattr(w, "wide_itself", False)]
-    total = sum(w.shape[0] * w.shape[1] * torch.finfo(dtype).bits // 8 for w in weights)
-    if not weights or total > min(WIDE_COPY_BYTES, available_bytes // 4) or not packing_supported(dtype):
+    budget = min(WIDE_COPY_BYTES, available_bytes // 4)
+
+    def size(ws: list[BlockWeight]) -> int:
+        return sum(w.shape[0] * w.shape[1] * torch.finfo(dtype).bits // 8 for w in ws)
+
+    if not weights or not packing_supported(dtype):
+        return 0
+    what = "the weights (a small model)"
+    if size(weights) > budget:
+        output = getattr(model, "output_weight", None)
+        weights = [w for w in weights if w is output]
+        what = "the output layer"
+    total = size(weights)
+    if not weights or total > budget:
         return 0
     for weight in weights:
         weight.wide_copy = linear_kernel(weight.dequantize(0, weight.shape[0], dtype), None, packed=True)  # type: ignore[attr-defined]
         weight.wide_dtype = dtype  # type: ignore[attr-defined]
-    logger.info("gguf: packed %s copies of the weights for wide products (%.2f GiB; a small model)",
-                str(dtype).removeprefix("torch."), total / 2**30)
+    logger.info("gguf: packed %s copies of %s for wide products (%.2f GiB)", str(dtype).removeprefix("torch."), what,
+                total / 2**30)
     return total
 
 

@@ -227,6 +227,34 @@ def test_the_output_layer_serves_its_packed_copy_from_the_timed_row_count(packed
     assert torch.equal(layer(x, weight), block_product(weight, x).float())  # the linear layers' rule, as before
 
 
+@pytest.mark.parametrize("budget, copied", [(200_000, "all"), (80_000, "output"), (50_000, "none")])
+def test_a_larger_model_keeps_a_packed_copy_of_its_output_layer_only(monkeypatch: pytest.MonkeyPatch, budget: int,
+                                                                      copied: str) -> None:
+    """add_wide_copies: every block weight's packed copy where all fit WIDE_COPY_BYTES, else the
+    output layer's alone where it fits, else none; a batch past WIDE_ROWS then takes the copy."""
+    from torch import nn
+
+    from runtime.cpu.kernel_linear import packing_supported
+
+    if not packing_supported(torch.bfloat16):
+        pytest.skip("no oneDNN bf16 packing on this CPU")
+    monkeypatch.setattr(block_linear, "WIDE_COPY_BYTES", budget)
+    model = nn.Module()
+    model.proj = BlockLinear([Int8Blocks(int8_groups(32, torch.float16, n=64))], None)  # 32 KB in bf16
+    output = Int8Blocks(int8_groups(32, torch.float16, n=128, seed=3))  # 64 KB in bf16
+    model.output_weight = output
+    made = block_linear.add_wide_copies(model, torch.bfloat16, available_bytes=1 << 40)
+    layer = model.proj.parts[0]
+    assert made == {"all": 96 * 1024, "output": 64 * 1024, "none": 0}[copied]
+    assert hasattr(output, "wide_copy") == (copied != "none")
+    assert hasattr(layer, "wide_copy") == (copied == "all")
+    x = torch.randn(2 * FEW_ROWS, K, generator=torch.Generator().manual_seed(8)).bfloat16()
+    if copied != "none":  # past one pass of the kernels the copy serves: the dense product, rounded to bf16
+        assert torch.equal(block_product(output, x), output.wide_copy(x))
+        want = x.float() @ output.dequantize(0, 128, torch.bfloat16).float().t()
+        torch.testing.assert_close(block_product(output, x).float(), want, rtol=2e-2, atol=0.15)
+
+
 def test_six_bit_layers_take_two_kernel_passes_up_to_16_rows() -> None:
     """Q6Blocks (bf16 rows on CPUs with bf16 dot products) serve 9-16 rows from their codes in
     passes of 8, each row as alone, ahead of dequantized slices (kernel_rows, as Int4Blocks'; where
