@@ -102,7 +102,9 @@ def add_wide_copies(model: nn.Module, dtype: torch.dtype, available_bytes: int) 
     several times the file. Its output layer is still the largest product of a decode batch, and
     its codes' kernels cost a multiply-add a weight a row there (the 1B shape's 151936 x 2048 Q6_K
     layer, 2-core Zen 4: 40.9 ms at 8 rows and 83.4 at 16, its bf16 copy 20.1 and 27.7, made in
-    0.5 s): it keeps that one copy (BlockOutputLayer times where it serves), the rest the codes only."""
+    0.5 s): it gets that one copy, made when the first batch past WIDE_ROWS rows reaches it
+    (BlockOutputLayer: `wide_copy_later`), so a server that never batches pays neither its RAM nor
+    its start-up; the rest keep the codes only."""
     weights = [w for w in block_parts(model, experts=False)
                if not isinstance(w, DenseBlocks) and not getattr(w, "wide_itself", False)]
     budget = min(WIDE_COPY_BYTES, available_bytes // 4)
@@ -112,20 +114,23 @@ def add_wide_copies(model: nn.Module, dtype: torch.dtype, available_bytes: int) 
 
     if not weights or not packing_supported(dtype):
         return 0
-    what = "the weights (a small model)"
     if size(weights) > budget:
         output = getattr(model, "output_weight", None)
-        weights = [w for w in weights if w is output]
-        what = "the output layer"
-    total = size(weights)
-    if not weights or total > budget:
-        return 0
+        if output is None or all(w is not output for w in weights) or size([output]) > budget:
+            return 0
+        output.wide_copy_later = dtype  # type: ignore[attr-defined]
+        return size([output])
     for weight in weights:
-        weight.wide_copy = linear_kernel(weight.dequantize(0, weight.shape[0], dtype), None, packed=True)  # type: ignore[attr-defined]
-        weight.wide_dtype = dtype  # type: ignore[attr-defined]
-    logger.info("gguf: packed %s copies of %s for wide products (%.2f GiB)", str(dtype).removeprefix("torch."), what,
-                total / 2**30)
-    return total
+        make_wide_copy(weight, dtype)
+    logger.info("gguf: packed %s copies of the weights for wide products (%.2f GiB; a small model)",
+                str(dtype).removeprefix("torch."), size(weights) / 2**30)
+    return size(weights)
+
+
+def make_wide_copy(weight: BlockWeight, dtype: torch.dtype) -> None:
+    """`weight.wide_copy`: its oneDNN-packed copy in `dtype`, for its wide products."""
+    weight.wide_copy = linear_kernel(weight.dequantize(0, weight.shape[0], dtype), None, packed=True)  # type: ignore[attr-defined]
+    weight.wide_dtype = dtype  # type: ignore[attr-defined]
 
 
 class BlockLinear(nn.Module):
@@ -188,6 +193,12 @@ class BlockOutputLayer(OutputLayer):
         self.copy_from: int | None = None  # the fewest rows (<= WIDE_ROWS) the packed copy serves (None: none)
 
     def __call__(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        later = getattr(weight, "wide_copy_later", None)
+        if later is not None and hidden.shape[0] > WIDE_ROWS:  # a larger model's copy: made for its first batch
+            make_wide_copy(weight, later)  # type: ignore[arg-type]
+            del weight.wide_copy_later  # type: ignore[attr-defined]
+            logger.info("gguf: packed a %s copy of the output layer for decode batches (%.2f GiB)",
+                        str(later).removeprefix("torch."), weight.shape[0] * weight.shape[1] * later.itemsize / 2**30)
         copy = getattr(weight, "wide_copy", None)
         if copy is not None and self.copy_from is not None and hidden.shape[0] >= self.copy_from:
             return copy(hidden).float()

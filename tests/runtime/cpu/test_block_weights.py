@@ -231,7 +231,10 @@ def test_the_output_layer_serves_its_packed_copy_from_the_timed_row_count(packed
 def test_a_larger_model_keeps_a_packed_copy_of_its_output_layer_only(monkeypatch: pytest.MonkeyPatch, budget: int,
                                                                       copied: str) -> None:
     """add_wide_copies: every block weight's packed copy where all fit WIDE_COPY_BYTES, else the
-    output layer's alone where it fits, else none; a batch past WIDE_ROWS then takes the copy."""
+    output layer's alone where it fits (made when the first batch past WIDE_ROWS rows reaches the
+    output layer), else none; a batch past WIDE_ROWS then takes the copy."""
+    from runtime.cpu.block_linear import BlockOutputLayer
+
     from torch import nn
 
     from runtime.cpu.kernel_linear import packing_supported
@@ -246,13 +249,22 @@ def test_a_larger_model_keeps_a_packed_copy_of_its_output_layer_only(monkeypatch
     made = block_linear.add_wide_copies(model, torch.bfloat16, available_bytes=1 << 40)
     layer = model.proj.parts[0]
     assert made == {"all": 96 * 1024, "output": 64 * 1024, "none": 0}[copied]
-    assert hasattr(output, "wide_copy") == (copied != "none")
+    assert hasattr(output, "wide_copy") == (copied == "all")  # the output layer's alone: not yet
     assert hasattr(layer, "wide_copy") == (copied == "all")
     x = torch.randn(2 * FEW_ROWS, K, generator=torch.Generator().manual_seed(8)).bfloat16()
-    if copied != "none":  # past one pass of the kernels the copy serves: the dense product, rounded to bf16
-        assert torch.equal(block_product(output, x), output.wide_copy(x))
+    served = BlockOutputLayer()
+    served.warm_up(output, 16)
+    codes = block_product(output, x[:FEW_ROWS]).float()
+    assert torch.equal(served(x[:FEW_ROWS], output), codes) or copied == "all"  # one kernel pass: no copy made
+    assert hasattr(output, "wide_copy") == (copied == "all")
+    logits = served(x, output)  # past it: the copy, made now where it was left for later
+    assert hasattr(output, "wide_copy") == (copied != "none") and not hasattr(output, "wide_copy_later")
+    if copied != "none":  # the dense product, rounded to bf16
+        assert torch.equal(logits, output.wide_copy(x).float())
         want = x.float() @ output.dequantize(0, 128, torch.bfloat16).float().t()
-        torch.testing.assert_close(block_product(output, x).float(), want, rtol=2e-2, atol=0.15)
+        torch.testing.assert_close(logits, want, rtol=2e-2, atol=0.15)
+    else:
+        assert torch.equal(logits, block_product(output, x).float())
 
 
 def test_six_bit_layers_take_two_kernel_passes_up_to_16_rows() -> None:
