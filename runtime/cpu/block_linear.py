@@ -133,6 +133,32 @@ def make_wide_copy(weight: BlockWeight, dtype: torch.dtype) -> None:
     weight.wide_dtype = dtype  # type: ignore[attr-defined]
 
 
+COPY_SLICE_BYTES = 64 << 20  # a lone output layer's copy is made and held a slice of rows at a time
+
+
+class SlicedCopy:
+    """A weight's oneDNN-packed copy in `dtype` as slices of its rows, each packed from its own
+    dequantized rows: making it holds one slice twice at most, where packing the whole weight held
+    its dequantized copy beside the packed one (a 151936 x 2048 output layer made while serving:
+    peak RSS 2.71 GiB against 2.14 made at load). x -> [rows, N] in x's dtype, each slice's
+    product written into its columns."""
+
+    def __init__(self, weight: BlockWeight, dtype: torch.dtype) -> None:
+        n, k = weight.shape
+        multiple = getattr(weight, "row_multiple", 1)
+        step = max(multiple, COPY_SLICE_BYTES // (k * dtype.itemsize) // multiple * multiple)
+        self.n = n
+        self.slices = [(start, min(n, start + step),
+                        linear_kernel(weight.dequantize(start, min(n, start + step), dtype), None, packed=True))
+                       for start in range(0, n, step)]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(x.shape[0], self.n, dtype=x.dtype)
+        for start, stop, kernel in self.slices:
+            out[:, start:stop] = kernel(x)
+        return out
+
+
 class BlockLinear(nn.Module):
     """An nn.Linear's product over shipped weights: one BlockWeight per run of output rows."""
 
@@ -195,7 +221,7 @@ class BlockOutputLayer(OutputLayer):
     def __call__(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         later = getattr(weight, "wide_copy_later", None)
         if later is not None and hidden.shape[0] > WIDE_ROWS:  # a larger model's copy: made for its first batch
-            make_wide_copy(weight, later)  # type: ignore[arg-type]
+            weight.wide_copy, weight.wide_dtype = SlicedCopy(weight, later), later  # type: ignore[arg-type,attr-defined]
             del weight.wide_copy_later  # type: ignore[attr-defined]
             logger.info("gguf: packed a %s copy of the output layer for decode batches (%.2f GiB)",
                         str(later).removeprefix("torch."), weight.shape[0] * weight.shape[1] * later.itemsize / 2**30)

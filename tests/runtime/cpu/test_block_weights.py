@@ -242,6 +242,7 @@ def test_a_larger_model_keeps_a_packed_copy_of_its_output_layer_only(monkeypatch
     if not packing_supported(torch.bfloat16):
         pytest.skip("no oneDNN bf16 packing on this CPU")
     monkeypatch.setattr(block_linear, "WIDE_COPY_BYTES", budget)
+    monkeypatch.setattr(block_linear, "COPY_SLICE_BYTES", 20_000)  # the output layer's copy in 4 slices
     model = nn.Module()
     model.proj = BlockLinear([Int8Blocks(int8_groups(32, torch.float16, n=64))], None)  # 32 KB in bf16
     output = Int8Blocks(int8_groups(32, torch.float16, n=128, seed=3))  # 64 KB in bf16
@@ -259,6 +260,8 @@ def test_a_larger_model_keeps_a_packed_copy_of_its_output_layer_only(monkeypatch
     assert hasattr(output, "wide_copy") == (copied == "all")
     logits = served(x, output)  # past it: the copy, made now where it was left for later
     assert hasattr(output, "wide_copy") == (copied != "none") and not hasattr(output, "wide_copy_later")
+    if copied == "output":
+        assert [(a, b) for a, b, _ in output.wide_copy.slices] == [(0, 39), (39, 78), (78, 117), (117, 128)]
     if copied != "none":  # the dense product, rounded to bf16
         assert torch.equal(logits, output.wide_copy(x).float())
         want = x.float() @ output.dequantize(0, 128, torch.bfloat16).float().t()
