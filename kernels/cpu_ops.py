@@ -23,12 +23,15 @@ replace, with the same results up to the order of float sums.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -67,6 +70,21 @@ def build_dir() -> Path:
     return home / "cpu-ops" / key
 
 
+@contextlib.contextmanager
+def builder_lock(folder: Path) -> Iterator[None]:
+    """One builder of `folder` at a time across processes, by a lock the kernel drops when its
+    holder dies. torch's own (the file `lock`, FileBaton) outlives a process killed mid-build, and
+    the next start then waited on it forever, silently; under this lock no other builder is alive,
+    so a `lock` found is such a leftover and is removed."""
+    with open(folder / "builder.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        stale = folder / "lock"
+        if stale.exists():
+            logger.warning("removing %s, left by a kernel build that did not finish", stale)
+            stale.unlink(missing_ok=True)
+        yield
+
+
 @functools.cache
 def ops() -> object | None:
     """torch.ops.radixserve_cpu, built here if it was not; None where it cannot be."""
@@ -79,10 +97,11 @@ def ops() -> object | None:
         folder.mkdir(parents=True, exist_ok=True)
         if shutil.which("ninja") is None:  # the `ninja` wheel's binary sits beside this interpreter
             os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        # -fopenmp: at::parallel_for is inline OpenMP, so without it every kernel runs on one
-        # thread; the library shares torch's own OpenMP runtime and thread pool
-        load(NAME, [str(source) for source in SOURCES], extra_cflags=["-O3", "-march=native", "-fopenmp"],
-             extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False, verbose=False)
+        with builder_lock(folder):
+            # -fopenmp: at::parallel_for is inline OpenMP, so without it every kernel runs on one
+            # thread; the library shares torch's own OpenMP runtime and thread pool
+            load(NAME, [str(source) for source in SOURCES], extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                 extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False, verbose=False)
         return getattr(torch.ops, NAME)
     except Exception as exc:  # noqa: BLE001 - serving with torch ops beats not serving
         logger.warning("fused CPU kernels unavailable, running torch ops instead: %s", exc)

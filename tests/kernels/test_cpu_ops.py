@@ -40,6 +40,37 @@ def test_built_wherever_a_compiler_is() -> None:
     assert cpu_ops.build_dir().is_dir()
 
 
+def test_a_build_killed_midway_does_not_block_the_next(tmp_path: Path) -> None:
+    """torch's build lock (`lock`), left by a process killed while building, is removed under the
+    builders' own lock, which the kernel drops with its holder: the next start builds instead of
+    waiting on it forever. A second builder waits for the first."""
+    import multiprocessing
+
+    def another_process_locks() -> bool:
+        probe = multiprocessing.get_context("fork").Process(target=_try_lock, args=(str(tmp_path / "builder.lock"),))
+        probe.start()
+        probe.join(30)
+        return probe.exitcode == 0
+
+    (tmp_path / "lock").touch()
+    with cpu_ops.builder_lock(tmp_path):
+        assert not (tmp_path / "lock").exists()
+        assert not another_process_locks()  # held
+    assert another_process_locks()  # released
+
+
+def _try_lock(path: str) -> None:
+    import fcntl
+    import os
+
+    with open(path) as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os._exit(1)
+    os._exit(0)
+
+
 def _torch_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, scaled: bool) -> torch.Tensor:
     return fused._torch_norm(x, weight, eps, scaled)
 
