@@ -50,6 +50,15 @@ def few_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
     return torch.cat([weight.few(part) for part in x.split(step)])
 
 
+def row_slices(weight: BlockWeight, elements: int) -> list[tuple[int, int]]:
+    """weight's rows as [start, stop) runs of about `elements` weights each, a multiple of the rows
+    its dequantize() takes whole (`row_multiple`), at least one such multiple."""
+    n, k = weight.shape
+    multiple = getattr(weight, "row_multiple", 1)
+    step = max(multiple, elements // k // multiple * multiple)
+    return [(start, min(n, start + step)) for start in range(0, n, step)]
+
+
 def wide_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
     """x @ W.T a slice of W's rows at a time: [rows, N] in x's dtype. Each slice's product is
     x @ slice.T written into its columns: at 16 rows torch's bf16 GEMM runs that way at about twice
@@ -57,13 +66,8 @@ def wide_product(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
     dequantizing), and no slower at 512."""
     if getattr(weight, "wide_itself", False):
         return weight.few(x)
-    n, k = weight.shape
-    step = max(1, SLICE_ELEMENTS // k)
-    multiple = getattr(weight, "row_multiple", 1)
-    step = max(multiple, step // multiple * multiple)
-    out = torch.empty(x.shape[0], n, dtype=x.dtype)
-    for start in range(0, n, step):
-        stop = min(n, start + step)
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
+    for start, stop in row_slices(weight, SLICE_ELEMENTS):
         torch.mm(x, weight.dequantize(start, stop, x.dtype).t(), out=out[:, start:stop])
     return out
 
@@ -144,13 +148,9 @@ class SlicedCopy:
     product written into its columns."""
 
     def __init__(self, weight: BlockWeight, dtype: torch.dtype) -> None:
-        n, k = weight.shape
-        multiple = getattr(weight, "row_multiple", 1)
-        step = max(multiple, COPY_SLICE_BYTES // (k * dtype.itemsize) // multiple * multiple)
-        self.n = n
-        self.slices = [(start, min(n, start + step),
-                        linear_kernel(weight.dequantize(start, min(n, start + step), dtype), None, packed=True))
-                       for start in range(0, n, step)]
+        self.n = weight.shape[0]
+        self.slices = [(start, stop, linear_kernel(weight.dequantize(start, stop, dtype), None, packed=True))
+                       for start, stop in row_slices(weight, COPY_SLICE_BYTES // dtype.itemsize)]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.empty(x.shape[0], self.n, dtype=x.dtype)
