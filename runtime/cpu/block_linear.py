@@ -220,7 +220,10 @@ class BlockOutputLayer(OutputLayer):
 
     def __call__(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         later = getattr(weight, "wide_copy_later", None)
-        if later is not None and hidden.shape[0] > WIDE_ROWS:  # a larger model's copy: made for its first batch
+        rows = hidden.shape[0]
+        # a larger model's copy: made for the first batch it would serve (block_product: past one
+        # kernel pass and past what the integer loops take, where the activations are rounded)
+        if later is not None and rows > WIDE_ROWS and rows > getattr(weight, "integer_rows", 0):
             weight.wide_copy, weight.wide_dtype = SlicedCopy(weight, later), later  # type: ignore[arg-type,attr-defined]
             del weight.wide_copy_later  # type: ignore[attr-defined]
             logger.info("gguf: packed a %s copy of the output layer for decode batches (%.2f GiB)",

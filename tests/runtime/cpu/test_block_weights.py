@@ -246,6 +246,8 @@ def test_a_larger_model_keeps_a_packed_copy_of_its_output_layer_only(monkeypatch
     model = nn.Module()
     model.proj = BlockLinear([Int8Blocks(int8_groups(32, torch.float16, n=64))], None)  # 32 KB in bf16
     output = Int8Blocks(int8_groups(32, torch.float16, n=128, seed=3))  # 64 KB in bf16
+    # exact activations on every CPU kind (AVX2's default rounding lets the integer loops take any batch)
+    model.proj.parts[0].int16_activations = output.int16_activations = False
     model.output_weight = output
     made = block_linear.add_wide_copies(model, torch.bfloat16, available_bytes=1 << 40)
     layer = model.proj.parts[0]
@@ -258,6 +260,12 @@ def test_a_larger_model_keeps_a_packed_copy_of_its_output_layer_only(monkeypatch
     codes = block_product(output, x[:FEW_ROWS]).float()
     assert torch.equal(served(x[:FEW_ROWS], output), codes) or copied == "all"  # one kernel pass: no copy made
     assert hasattr(output, "wide_copy") == (copied == "all")
+    if copied == "output":  # a batch the integer loops take (activations rounded to int16) leaves it unmade
+        output.int16_activations = True
+        assert output.integer_rows >= x.shape[0]
+        assert torch.equal(served(x, output), block_product(output, x).float())
+        assert not hasattr(output, "wide_copy") and hasattr(output, "wide_copy_later")
+        output.int16_activations = False
     logits = served(x, output)  # past it: the copy, made now where it was left for later
     assert hasattr(output, "wide_copy") == (copied != "none") and not hasattr(output, "wide_copy_later")
     if copied == "output":
